@@ -1,0 +1,19 @@
+"""Every Prefect flow the project deploys, by deployment name.
+
+Each capability appends its flows here; `arenaforge serve` registers one deployment per
+entry, and the CLI runs the same flow objects locally. Entries are import paths so that
+importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# deployment name -> "module:flow_function"
+FLOWS: dict[str, str] = {}
+
+
+def load_flow(name: str) -> Any:
+    module, attr = FLOWS[name].split(":")
+    return getattr(importlib.import_module(module), attr)

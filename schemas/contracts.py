@@ -1,0 +1,76 @@
+"""JSON Schema contracts: generation from the typed models and validation against the files.
+
+Each kind's schema is Draft 2020-12 with `$id` = `urn:arenaforge:schema:<kind>:v<version>`.
+Validation of JSON data (model output, warehouse writes, ingest) goes through
+`validate(kind, data)`, which raises `ContractError` with the first failing path.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from schemas.base import SCHEMA_VERSION, Record
+from schemas.errors import ContractError
+
+JSON_DIR = Path(__file__).parent / "json"
+DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def schema_id(kind: str, version: int = SCHEMA_VERSION) -> str:
+    return f"urn:arenaforge:schema:{kind}:v{version}"
+
+
+def build_schema(model: type[Record]) -> dict[str, Any]:
+    """The JSON Schema document for a record kind, derived from its typed model."""
+    body = model.model_json_schema(mode="validation")
+    return {"$schema": DIALECT, "$id": schema_id(model.KIND), **body}
+
+
+def schema_path(kind: str) -> Path:
+    return JSON_DIR / f"{kind}.schema.json"
+
+
+@lru_cache(maxsize=None)
+def load_schema(kind: str) -> dict[str, Any]:
+    path = schema_path(kind)
+    if not path.exists():
+        raise ContractError(f"no JSON Schema for record kind {kind!r} ({path.name} missing)")
+    return json.loads(path.read_text())
+
+
+@lru_cache(maxsize=None)
+def validator(kind: str) -> Draft202012Validator:
+    return Draft202012Validator(load_schema(kind), format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def describe_error(err: jsonschema.ValidationError) -> str:
+    where = "/".join(str(p) for p in err.absolute_path) or "(root)"
+    return f"{where}: {err.message}"
+
+
+def validate(kind: str, data: Any) -> None:
+    """Raise ContractError naming the first violation when `data` breaks the kind's contract."""
+    err = jsonschema.exceptions.best_match(validator(kind).iter_errors(data))
+    if err is not None:
+        raise ContractError(f"{kind} record breaks its contract at {describe_error(err)}")
+
+
+def validate_against(schema: dict[str, Any], data: Any) -> str | None:
+    """Validate against an ad-hoc schema (a step's output schema); the error text, or None."""
+    err = jsonschema.exceptions.best_match(Draft202012Validator(schema).iter_errors(data))
+    return None if err is None else describe_error(err)
+
+
+def check_json_schema(schema: Any) -> str | None:
+    """Whether `schema` is itself a valid Draft 2020-12 JSON Schema; the error text, or None."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as err:
+        return describe_error(err)
+    return None

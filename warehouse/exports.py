@@ -1,0 +1,27 @@
+"""Export any table or view to Parquet or JSONL (DuckDB's own COPY writes both)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from schemas.errors import InputError
+from warehouse.db import Warehouse
+
+ExportFormat = Literal["parquet", "jsonl"]
+_COPY_OPTIONS = {"parquet": "(FORMAT parquet)", "jsonl": "(FORMAT json)"}
+
+
+def export_relation(wh: Warehouse, name: str, fmt: ExportFormat, dest: str | Path | None = None, where: str = "") -> Path:
+    """Write `name` (optionally filtered) to `dest` (default ./out/<name>.<fmt>); returns the path."""
+    if fmt not in _COPY_OPTIONS:
+        raise InputError(f"unknown export format {fmt!r}; use parquet or jsonl")
+    wh.require_relation(name)
+    path = Path(dest) if dest else Path("out") / f"{name}.{fmt}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    select = f'SELECT * FROM "{name}"' + (f" WHERE {where}" if where else "")
+    escaped = str(tmp).replace("'", "''")
+    wh.query(f"COPY ({select}) TO '{escaped}' {_COPY_OPTIONS[fmt]}")
+    tmp.replace(path)  # readers never see a half-written file
+    return path
