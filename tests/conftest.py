@@ -1,0 +1,39 @@
+"""Shared fixtures: a warehouse in tmp_path, the scripted OpenAI-compatible server, shared data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.support.requirements import require_shared_data  # noqa: E402
+from warehouse import Warehouse  # noqa: E402
+
+
+@pytest.fixture
+def tmp_warehouse(tmp_path: Path) -> Warehouse:
+    return Warehouse(tmp_path / "test.duckdb", lock_timeout_s=30)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    return require_shared_data()
+
+
+@pytest.fixture
+def scripted_openai() -> Iterator["ScriptedOpenAI"]:  # noqa: F821
+    from tests.support.scripted_openai import ScriptedOpenAI
+
+    server = ScriptedOpenAI()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,59 @@
+"""Skip-or-fail gates for tests that need something outside the project.
+
+Locally a missing Docker engine, browser or ../shared/data skips the test with a reason.
+In CI (`CI=true`) the same absence FAILS the test: `.ci/run` installs everything, so a
+skip there would hide that the capability was never exercised.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def skip_or_fail(reason: str) -> None:
+    if in_ci():
+        pytest.fail(f"required in CI but unavailable: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.lru_cache(maxsize=1)
+def docker_available() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+        return True
+    except Exception:  # any failure to reach the engine means "no engine" here
+        return False
+
+
+def require_docker() -> None:
+    if not docker_available():
+        skip_or_fail("no Docker engine answers (start one with scripts/start-docker.sh)")
+
+
+def require_shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        skip_or_fail(f"{SHARED_DATA} is absent (only CI and dev machines have ../shared beside the clone)")
+    return SHARED_DATA
+
+
+def require_chromium() -> str:
+    path = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(path).exists():
+        skip_or_fail("Debian chromium is not installed (scripts/setup.sh installs it)")
+    return path

@@ -1,0 +1,150 @@
+"""The openai backend over real HTTP against the scripted server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from schemas.config import ModelConfig
+from schemas.errors import ParseError, ProviderError
+from tasks.models import ChatRequest, chat_model, complete_json
+from tasks.models.limiter import AdaptiveLimiter
+from tests.support.scripted_openai import Reply, chat_completion
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+
+def _cfg(url: str, **kw) -> ModelConfig:
+    base = dict(backend="openai", base_url=url, model="scripted", max_retries=3, backoff_base_s=0.01, backoff_max_s=0.05)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def _ask(model, step="t", messages=None, **kw):
+    req = ChatRequest(step=step, messages=messages or [{"role": "user", "content": "hi"}], **kw)
+    return asyncio.run(model.complete(req))
+
+
+def test_tool_call_response_round_trips(scripted_openai):
+    scripted_openai.script([chat_completion(tool_calls=[{"name": "get_weather", "arguments": {"city": "Oslo"}}])])
+    with chat_model(_cfg(scripted_openai.url)) as model:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+        resp = _ask(model, tools=tools)
+    call = resp.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+    assert scripted_openai.chat_requests()[0]["tools"] == tools
+
+
+def test_structured_output_reasks_on_invalid_json_then_validates(scripted_openai):
+    scripted_openai.script([chat_completion(content="not json"), chat_completion(content='{"town": 1}'),
+                            chat_completion(content='```json\n{"city": "Oslo"}\n```')])
+    with chat_model(_cfg(scripted_openai.url, max_reasks=2)) as model:
+        parsed = asyncio.run(complete_json(model, "geo", [{"role": "user", "content": "where?"}], SCHEMA))
+    assert parsed == {"city": "Oslo"}
+    reqs = scripted_openai.chat_requests()
+    assert len(reqs) == 3
+    assert "invalid" in reqs[1]["messages"][-1]["content"] and "JSON" in reqs[1]["messages"][-1]["content"]
+    assert "schema violation" in reqs[2]["messages"][-1]["content"]
+    assert reqs[0]["response_format"]["json_schema"]["schema"] == SCHEMA
+
+
+def test_structured_output_gives_up_with_parse_error(scripted_openai):
+    scripted_openai.responder = lambda req: chat_completion(content="[1, 2")
+    with chat_model(_cfg(scripted_openai.url, max_reasks=1)) as model:
+        with pytest.raises(ParseError, match="still invalid after 1 re-asks"):
+            asyncio.run(complete_json(model, "geo", [{"role": "user", "content": "x"}], SCHEMA))
+    assert len(scripted_openai.chat_requests()) == 2
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+def test_retries_transient_statuses(scripted_openai, status):
+    scripted_openai.script([Reply(status=status), Reply(status=status), chat_completion(content="fine")])
+    with chat_model(_cfg(scripted_openai.url)) as model:
+        resp = _ask(model)
+    assert resp.message.content == "fine"
+    assert resp.attempts == 3
+
+
+def test_client_errors_fail_at_once(scripted_openai):
+    scripted_openai.script([Reply(status=400)])
+    with chat_model(_cfg(scripted_openai.url)) as model:
+        with pytest.raises(ProviderError, match="HTTP 400"):
+            _ask(model)
+    assert len(scripted_openai.chat_requests()) == 1
+
+
+def test_retries_exhausted_is_one_line_provider_error(scripted_openai):
+    scripted_openai.responder = lambda req: Reply(status=500)
+    with chat_model(_cfg(scripted_openai.url, max_retries=2)) as model:
+        with pytest.raises(ProviderError) as info:
+            _ask(model)
+    assert "failed 3 times" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unreachable_endpoint():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with chat_model(_cfg(f"http://127.0.0.1:{port}/v1", max_retries=1)) as model:
+        with pytest.raises(ProviderError, match="APIConnectionError"):
+            _ask(model)
+
+
+def test_invalid_json_body_is_a_clear_error(scripted_openai):
+    scripted_openai.responder = lambda req: Reply(body="{this is not json")
+    with chat_model(_cfg(scripted_openai.url, max_retries=0)) as model:
+        with pytest.raises(ParseError, match="not a chat completion") as info:
+            _ask(model)
+    assert "\n" not in str(info.value)
+
+
+def test_cache_makes_rerun_free_and_usage_is_recorded(scripted_openai, tmp_warehouse):
+    scripted_openai.responder = lambda req: chat_completion(content=req["messages"][-1]["content"].upper())
+    prompts = [f"q{i}" for i in range(5)]
+
+    def run_all():
+        with chat_model(_cfg(scripted_openai.url), tmp_warehouse, run_id="run-x") as model:
+            async def go():
+                return await asyncio.gather(*[model.complete(ChatRequest(step="s", messages=[{"role": "user", "content": p}])) for p in prompts])
+            return asyncio.run(go())
+
+    first = run_all()
+    assert [r.message.content for r in first] == ["Q0", "Q1", "Q2", "Q3", "Q4"]
+    assert len(scripted_openai.chat_requests()) == 5
+    second = run_all()
+    assert len(scripted_openai.chat_requests()) == 5, "a cached re-run must make no calls"
+    assert all(r.cached for r in second) and [r.message.content for r in second] == ["Q0", "Q1", "Q2", "Q3", "Q4"]
+    assert tmp_warehouse.count("llm_cache") == 5
+    _, rows = tmp_warehouse.query("SELECT cached, count(*), sum(prompt_tokens) FROM llm_calls GROUP BY 1 ORDER BY 1")
+    assert rows == [(False, 5, 50), (True, 5, 50)]
+
+
+def test_cache_key_covers_model_params_messages_schema():
+    base = ChatRequest(step="a", messages=[{"role": "user", "content": "x"}])
+    assert base.cache_key("m") == ChatRequest(step="other-step", messages=base.messages).cache_key("m")
+    assert base.cache_key("m") != base.cache_key("m2")
+    assert base.cache_key("m") != base.model_copy(update={"temperature": 0.1}).cache_key("m")
+    assert base.cache_key("m") != base.model_copy(update={"response_schema": SCHEMA}).cache_key("m")
+    assert base.cache_key("m") != ChatRequest(step="a", messages=[{"role": "user", "content": "y"}]).cache_key("m")
+
+
+def test_adaptive_concurrency_grows_when_healthy_and_halves_on_429(scripted_openai):
+    scripted_openai.responder = lambda req: Reply(body=chat_completion(content="ok"), delay_s=0.05)
+    cfg = _cfg(scripted_openai.url, concurrency_initial=2, concurrency_max=32)
+    with chat_model(cfg) as model:
+        async def go():
+            reqs = [model.complete(ChatRequest(step="s", messages=[{"role": "user", "content": str(i)}])) for i in range(120)]
+            await asyncio.gather(*reqs)
+        asyncio.run(go())
+    assert scripted_openai.max_in_flight > 8, "the limit should grow past its initial 2 while healthy"
+    assert scripted_openai.max_in_flight <= 32
+
+    limiter = AdaptiveLimiter(initial=16, maximum=64)
+    limiter.on_rate_limited()
+    assert limiter.limit == 8 and not limiter.slow_start
+    limiter.on_success()
+    assert 8 < limiter.limit < 9
