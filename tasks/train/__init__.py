@@ -1,0 +1,1 @@
+"""One-node trainers (GRPO, SFT), batch filling, checkpoints, and the locally built tiny model."""
