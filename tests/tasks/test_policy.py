@@ -1,0 +1,85 @@
+"""Policy engines: the vLLM HTTP client against a scripted vLLM server, the hf engine, the factory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas.errors import ConfigError, ProviderError
+from tasks.policy import SamplingParams, build_engine
+from tasks.policy.vllm_http import VllmHttpEngine
+from tasks.rl_rollout import RolloutConfig, run_episode
+from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
+from tests.support.scripted_vllm import ScriptedVllm, text_responder
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path())
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_vllm_client_sends_token_ids_and_reads_ids_and_logprobs(legacy):
+    server = ScriptedVllm(lambda prompt, body: [p + 1 for p in prompt[-3:]], legacy=legacy).start()
+    try:
+        engine = VllmHttpEngine(server.base_url, model="tiny")
+        gen = asyncio.run(engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=2, stop_token_ids=(3,), seed=1)))
+    finally:
+        server.stop()
+    assert gen.token_ids == [7, 8] and gen.logprobs == [-0.25, -0.25] and gen.finish_reason == "length"
+    body = server.requests[0]
+    assert body["prompt"] == [5, 6, 7, 8] and body["logprobs"] == 1 and body["return_tokens_as_token_ids"] is True
+    assert body["stop_token_ids"] == [3] and body["seed"] == 1 and body["skip_special_tokens"] is False
+
+
+def test_vllm_client_retries_5xx_then_fails_cleanly():
+    server = ScriptedVllm(lambda prompt, body: [1]).start()
+    try:
+        server.fail_next = 1
+        engine = VllmHttpEngine(server.base_url, model="tiny", backoff_s=0.001)
+        gen = asyncio.run(engine.generate([1], SamplingParams()))
+        assert gen.token_ids == [1] and len(server.requests) == 2
+        server.fail_next = 10
+        with pytest.raises(ProviderError, match="failed after 3 attempts"):
+            asyncio.run(VllmHttpEngine(server.base_url, model="tiny", max_retries=2, backoff_s=0.001)
+                        .generate([1], SamplingParams()))
+    finally:
+        server.stop()
+
+
+def test_rollout_through_scripted_vllm_server(tokenizer):
+    env = tiny_env()
+    server = ScriptedVllm(text_responder(tokenizer, solving_policy(env))).start()
+    try:
+        engine = build_engine("vllm", base_url=server.base_url, served_model="tiny")
+        r = asyncio.run(run_episode(engine, tokenizer, InProcessPool(), env, RolloutConfig())).rollout
+    finally:
+        server.stop()
+    assert r.engine == "vllm" and r.status == "finished" and r.reward.f1 == 1.0
+    assert len(server.requests) == 3
+    # each request's prompt is the previous prompt + its generated ids + observation ids (never re-tokenized)
+    first, second = server.requests[0]["prompt"], server.requests[1]["prompt"]
+    assert second[: len(first)] == first and second == r.prompt_ids + r.response_ids[: len(second) - len(first)]
+
+
+def test_hf_engine_logprobs_match_a_forward_pass(tokenizer):
+    import torch
+
+    engine = build_engine("hf", model_path=tiny_model_path())
+    prompt = tokenizer.encode("def f(x):", add_special_tokens=False)
+    gen = asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=6, seed=3)))
+    assert 1 <= len(gen.token_ids) <= 6 and len(gen.logprobs) == len(gen.token_ids)
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-4)
+
+
+def test_unknown_engine_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown engine"):
+        build_engine("tgi")
+    with pytest.raises(ConfigError, match="base_url"):
+        build_engine("vllm")
