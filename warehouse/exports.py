@@ -20,7 +20,13 @@ def export_relation(wh: Warehouse, name: str, fmt: ExportFormat, dest: str | Pat
     path = Path(dest) if dest else Path("out") / f"{name}.{fmt}"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    select = f'SELECT * FROM "{name}"' + (f" WHERE {where}" if where else "")
+    # In Parquet, JSON columns go out as text (readers would otherwise see opaque bytes);
+    # in JSONL they stay nested objects.
+    _, rows = wh.query(f'DESCRIBE SELECT * FROM "{name}"')
+    json_cols = [r[0] for r in rows if r[1] == "JSON"] if fmt == "parquet" else []
+    replace = ", ".join(f'CAST("{c}" AS VARCHAR) AS "{c}"' for c in json_cols)
+    star = f"* REPLACE ({replace})" if json_cols else "*"
+    select = f'SELECT {star} FROM "{name}"' + (f" WHERE {where}" if where else "")
     escaped = str(tmp).replace("'", "''")
     wh.query(f"COPY ({select}) TO '{escaped}' {_COPY_OPTIONS[fmt]}")
     tmp.replace(path)  # readers never see a half-written file

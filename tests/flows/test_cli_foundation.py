@@ -1,0 +1,75 @@
+"""The CLI as a user runs it: real subprocesses, one-line errors, non-zero exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from schemas import FunctionDoc, Tool
+from warehouse import Warehouse
+
+COMMANDS = ["demo", "ingest", "graph", "sft", "envs", "sandbox", "rollout", "train", "eval", "serve", "db", "bench", "config"]
+
+
+def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_help_lists_every_subcommand(tmp_path):
+    out = cli("--help", cwd=REPO)
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert name in out.stdout
+    for name in COMMANDS:
+        sub = cli(name, "--help", cwd=REPO)
+        assert sub.returncode == 0, (name, sub.stderr)
+        assert "Usage" in sub.stdout
+
+
+def test_db_tables_show_query_export(tmp_path):
+    db = tmp_path / "w.duckdb"
+    Warehouse(db).upsert([Tool(server="s", function=FunctionDoc(name=f"f{i}"), source="openai") for i in range(3)])
+    tables = cli("--db", str(db), "db", "tables", cwd=REPO)
+    assert tables.returncode == 0 and "tools" in tables.stdout and "v_environments" in tables.stdout
+    show = cli("--db", str(db), "db", "show", "tools", "--where", "name <> 'f0'", cwd=REPO)
+    assert show.returncode == 0 and "f1" in show.stdout and "f0" not in show.stdout
+    query = cli("--db", str(db), "db", "query", "SELECT count(*) AS n FROM tools", cwd=REPO)
+    assert query.returncode == 0 and "3" in query.stdout
+    out = tmp_path / "t.parquet"
+    exp = cli("--db", str(db), "db", "export", "v_tools", "--format", "parquet", "--out", str(out), cwd=REPO)
+    assert exp.returncode == 0 and pl.read_parquet(out).height == 3
+
+
+def test_user_mistakes_are_one_line_and_nonzero(tmp_path):
+    db = str(tmp_path / "w.duckdb")
+    cases = [
+        (["--db", db, "db", "show", "nope"], "unknown table or view 'nope'"),
+        (["--db", db, "db", "query", "SELEC 1"], "query failed"),
+        (["--db", db, "db", "export", "tools", "--format", "xml"], "unknown format"),
+        (["--config", str(tmp_path / "missing.toml"), "config", "show"], "does not exist"),
+    ]
+    for args, message in cases:
+        res = cli(*args, cwd=tmp_path)
+        assert res.returncode == 2, (args, res.stdout, res.stderr)
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_config_show_reflects_precedence_and_masks_keys(tmp_path):
+    (tmp_path / "arenaforge.toml").write_text('[model]\nmodel = "m-file"\napi_key = "secret"\n')
+    res = cli("--model", "m-flag", "config", "show", cwd=tmp_path, env={"ARENAFORGE_MODEL__TEMPERATURE": "0.1"})
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["model"]["model"] == "m-flag" and data["model"]["temperature"] == 0.1
+    assert data["model"]["api_key"] == "***"

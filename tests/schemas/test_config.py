@@ -1,0 +1,57 @@
+"""Configuration precedence: defaults < arenaforge.toml < environment < flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.config import load_config
+from schemas.errors import ConfigError
+
+
+def test_defaults_when_nothing_is_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(environ={})
+    assert cfg.warehouse.path == "./arenaforge.duckdb"
+    assert cfg.model.backend == "offline"
+
+
+def test_precedence_file_env_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arenaforge.toml").write_text(
+        '[model]\nbackend = "openai"\nbase_url = "http://file/v1"\nmodel = "from-file"\ntemperature = 0.3\n'
+        '[warehouse]\npath = "file.duckdb"\n'
+    )
+    env = {"ARENAFORGE_MODEL__MODEL": "from-env", "ARENAFORGE_MODEL__TEMPERATURE": "0.9", "ARENAFORGE_DB": "env.duckdb"}
+    cfg = load_config(environ=env, overrides={"model.model": "from-flag"})
+    assert cfg.model.base_url == "http://file/v1"  # file only
+    assert cfg.model.temperature == 0.9  # env beats file
+    assert cfg.warehouse.path == "env.duckdb"
+    assert cfg.model.model == "from-flag"  # flag beats env
+
+
+def test_openai_api_key_fallback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config(environ={"OPENAI_API_KEY": "sk-x"}).model.api_key == "sk-x"
+    assert load_config(environ={"OPENAI_API_KEY": "sk-x", "ARENAFORGE_MODEL__API_KEY": "own"}).model.api_key == "own"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[model\nbackend = 1", "malformed TOML"),
+        ('[model]\nbackend = "gpt"', "model.backend"),
+        ("[model]\nunknown_key = 1", "model.unknown_key"),
+        ("[sandbox]\npool_size = -1", "sandbox.pool_size"),
+    ],
+)
+def test_malformed_config_is_one_clear_line(tmp_path, monkeypatch, text, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "arenaforge.toml").write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(environ={})
+    assert "\n" not in str(info.value)
+
+
+def test_missing_explicit_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml", environ={})
