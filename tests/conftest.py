@@ -37,3 +37,23 @@ def scripted_openai() -> Iterator["ScriptedOpenAI"]:  # noqa: F821
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory) -> Iterator["PrefectServer"]:  # noqa: F821
+    """One real Prefect server for the whole session; PREFECT_API_URL points at it."""
+    from tests.support.prefect_server import PrefectServer
+
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-home"))
+    server.start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install arenaforge with its pinned dependency set (constraints.txt).
+# Safe to re-run: does nothing when everything is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# torch first and alone: the pinned CPU wheel; any looser spec would pull GBs of CUDA packages.
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
+.venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+echo "setup: .venv ready ($(.venv/bin/python --version))"

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install, start the Docker engine, build the sandbox
+# image, then pytest. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+bash scripts/setup.sh
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/system-deps.sh
+fi
+if [ -f scripts/start-docker.sh ]; then
+  bash scripts/start-docker.sh || echo "test.sh: no Docker engine; docker tests will skip (fail in CI)"
+fi
+if .venv/bin/python -c "import docker; docker.from_env(timeout=5).ping()" 2>/dev/null; then
+  .venv/bin/arenaforge sandbox build-image
+fi
+mkdir -p out
+.venv/bin/python -m pytest -q -rs --junitxml=out/junit.xml "$@"
