@@ -62,7 +62,12 @@ class SandboxConfig(_Section):
     memory_mb: int = Field(default=512, ge=32)
     pids: int = Field(default=64, ge=8)
     cpus: float = Field(default=1.0, gt=0)
-    output_limit_bytes: int = Field(default=65536, ge=256)
+    output_limit_bytes: int = Field(default=65536, ge=256, description="Output kept per call; the rest is cut with a marker.")
+    session_cpu_s: int = Field(default=60, ge=1, description="CPU seconds one session's process may use in total.")
+    open_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit for loading an environment's code.")
+    scratch_mb: int = Field(default=64, ge=1, description="tmpfs /tmp of a worker container, shared by its sessions' scratch dirs.")
+    container_memory_mb: int = Field(default=4096, ge=64, description="Memory cap of one worker container (all its sessions).")
+    container_pids: int = Field(default=4096, ge=16, description="Process cap of one worker container (all its sessions).")
 
 
 class PrefectConfig(_Section):
@@ -70,9 +75,41 @@ class PrefectConfig(_Section):
     database_url: str | None = Field(default=None, description="Postgres URL for the server (SQLite when unset).")
     port: int = Field(default=4200, ge=1, le=65535)
     work_pool: str = Field(default="arenaforge", description="Process work pool name.")
+    home: str = Field(default="./.arenaforge/prefect", description="PREFECT_HOME of the server `arenaforge serve` starts.")
+    worker_limit: int = Field(default=4, ge=1, description="Flow runs the worker executes at once.")
+    model_endpoint_limit: int = Field(default=16, ge=1, description="Slots of the `model-endpoint` concurrency limit.")
+    sandbox_limit: int = Field(default=8, ge=1, description="Slots of the `sandbox` concurrency limit.")
     schedules: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="flow name -> {cron = '...'} or {interval_s = N}, plus parameters."
+        default_factory=dict,
+        description="deployment name -> {cron = '...'} or {interval_s = N}, optional timezone, active, parameters.",
     )
+
+
+class SftConfig(_Section):
+    """SFT track (ingest, graph, tasks, trajectories, judge); thresholds are explicit here."""
+
+    min_tools_per_server: int = Field(default=1, ge=1, description="Servers with fewer usable tools are rejected.")
+    max_tools_per_server: int = Field(default=128, ge=1, description="Tools beyond this (by name) are rejected.")
+    min_description_chars: int = Field(default=8, ge=0, description="Shorter tool descriptions are rejected.")
+    mcp_timeout_s: float = Field(default=30.0, gt=0, description="Start/list deadline for a live MCP server.")
+    mcp_call_timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one live MCP tool call.")
+    use_embeddings: bool = Field(default=True, description="Graph: also match outputs to parameters by MiniLM similarity.")
+    embedding_threshold: float = Field(default=0.6, ge=0, le=1, description="Cosine similarity that counts as a match.")
+    chain_min_len: int = Field(default=1, ge=1)
+    chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
+    chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
+    verify_votes: int = Field(default=3, ge=1, description="openai: judges voting on each chain (majority wins).")
+    augmentations: list[str] = Field(
+        default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
+    )
+    server_only_per_server: int = Field(default=1, ge=0, description="Server-only tasks per server and run.")
+    min_clarity: float = Field(default=0.6, ge=0, le=1)
+    min_realism: float = Field(default=0.5, ge=0, le=1)
+    min_tool_necessity: float = Field(default=0.5, ge=0, le=1)
+    fault_rate: float = Field(default=0.2, ge=0, le=1, description="Simulator fault-injection rate (paper: 20%).")
+    max_turns: int = Field(default=12, ge=1, description="Agent turns per trajectory.")
+    max_retries_per_call: int = Field(default=2, ge=0, description="Offline agent: retries after a failed call.")
+    keep_threshold: float = Field(default=0.7, ge=0, le=1, description="Mean judge score a trajectory needs for SFT.")
 
 
 class Config(_Section):
@@ -80,6 +117,7 @@ class Config(_Section):
     model: ModelConfig = ModelConfig()
     sandbox: SandboxConfig = SandboxConfig()
     prefect: PrefectConfig = PrefectConfig()
+    sft: SftConfig = SftConfig()
     out_dir: str = Field(default="./out", description="Where exports and plots are written.")
     seed: int = Field(default=0, description="Seed for every deterministic generator.")
 

@@ -1,0 +1,52 @@
+"""A tiny flow the serve tests deploy next to the real ones: writes `n` rows, optionally slowly.
+
+Used so the server/worker/UI tests do not depend on which capability flows have landed.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prefect import flow, task
+from pydantic import BaseModel, Field
+
+from flows.artifacts import progress, run_summary
+from schemas.config import load_config
+from schemas.models import Rejection
+from warehouse import Warehouse, recorded_run
+
+
+class ProbeParams(BaseModel):
+    tag: str = Field(default="probe", description="Written into every row's subject.")
+    n: int = Field(default=5, ge=1, le=10_000, description="Rows to write.")
+    batch: int = Field(default=5, ge=1, description="Rows per transaction.")
+    pause_s: float = Field(default=0.0, ge=0, description="Sleep between batches (to kill a run mid-way).")
+
+
+@task(retries=2, retry_delay_seconds=1)
+def write_batch(db: str, tag: str, start: int, stop: int, run_id: str) -> int:
+    wh = Warehouse(db)
+    rows = [
+        Rejection(stage="probe", subject=f"{tag}-{i}", reason="probe", detail=str(i), run_id=run_id)
+        for i in range(start, stop)
+    ]
+    return wh.upsert(rows)
+
+
+@flow(name="serve-probe")
+def probe(params: ProbeParams = ProbeParams()) -> int:
+    """Write `n` probe rows to the warehouse in batches."""
+    cfg = load_config()
+    wh = Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    bar = progress(f"probe-{params.tag}", params.n)
+    with recorded_run(wh, "serve-probe", params.model_dump()) as (run, counts):
+        new = 0
+        for start in range(0, params.n, params.batch):
+            stop = min(start + params.batch, params.n)
+            new += write_batch(str(wh.path), params.tag, start, stop, run.id)
+            bar.set(stop)
+            if params.pause_s:
+                time.sleep(params.pause_s)
+        counts["rejections"] = new
+    run_summary("serve-probe", run.id, counts, warehouse_path=str(wh.path))
+    return new
