@@ -25,7 +25,7 @@ class HfEngine:
         self.tokenizer = tokenizer
         self.policy = policy
         self.device = device
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.eos_ids = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
         if tokenizer.eos_token_id is not None:
             self.eos_ids.add(tokenizer.eos_token_id)
@@ -44,7 +44,7 @@ class HfEngine:
         import torch
 
         stops = sorted(self.eos_ids | set(params.stop_token_ids))
-        with self._lock, torch.no_grad():
+        with self.lock, torch.no_grad():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             was_training = self.model.training

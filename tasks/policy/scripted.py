@@ -47,11 +47,13 @@ class ScriptedEngine:
         self.logprob = logprob
         self.clock = BusyClock()
         self.calls = 0
+        self.params = SamplingParams()
         self.eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         index = self.calls
         self.calls += 1
+        self.params = params  # readable by `respond` (e.g. the per-sample seed); set before it runs
         text = self.respond(self.tokenizer.decode(list(prompt_ids)), index)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.eos_id]
         finish = "stop"
