@@ -1,0 +1,62 @@
+"""SFT: assistant-only loss masks, loss going down, checkpoints and resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schemas.errors import InputError
+from schemas.kinds_training import Checkpoint, TrainStep
+from tasks.train.sft import SftConfig, encode, load_examples, train_sft
+from tests.support.rl import tiny_model_path
+
+TOOLS = [{"type": "function", "function": {"name": "get_capital", "description": "Capital of a country.",
+                                           "parameters": {"type": "object", "properties": {"country": {"type": "string"}}}}}]
+
+
+def _example(country: str, capital: str) -> dict:
+    return {"tools": TOOLS, "messages": [
+        {"role": "user", "content": f"What is the capital of {country}?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
+            "name": "get_capital", "arguments": json.dumps({"country": country})}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": capital},
+        {"role": "assistant", "content": f"The capital is {capital}."},
+    ]}
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "sft.jsonl"
+    path.write_text("\n".join(json.dumps(_example(c, k)) for c, k in
+                              [("Freedonia", "Quaxton"), ("Sylvania", "Ostia"), ("Latveria", "Doomstadt")]))
+    return path
+
+
+def test_only_assistant_tokens_are_trained(data):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    ids, mask = encode(tok, load_examples(data)[0], 4096)
+    trained = tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False)
+    assert trained == ('<tool_call>\n{"name": "get_capital", "arguments": {"country": "Freedonia"}}\n</tool_call>'
+                       "<|im_end|>The capital is Quaxton.<|im_end|>")
+    assert encode(tok, load_examples(data)[0], 10) is None  # truncated before any assistant token
+
+
+def test_sft_lowers_loss_checkpoints_and_resumes(tmp_path, data, tmp_warehouse):
+    cfg = SftConfig(out_dir=str(tmp_path / "sft"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2)
+    first = train_sft(cfg, tiny_model_path(), data, tmp_warehouse, "run_sft")
+    assert first.last_step == 4 and first.metrics[-1]["loss"] < first.metrics[0]["loss"]
+    assert [c.step for c in tmp_warehouse.load(Checkpoint)] == [2, 4]
+    more = SftConfig(**{**cfg.__dict__, "epochs": 5})
+    second = train_sft(more, tiny_model_path(), data, tmp_warehouse, "run_sft2")
+    assert (second.first_step, second.last_step) == (5, 5) and second.resumed_from.endswith("step-000004")
+    assert [s.step for s in tmp_warehouse.load(TrainStep) if s.algorithm == "sft"] == [1, 2, 3, 4, 5]
+
+
+def test_bad_sft_file_is_an_input_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"nope": 1}\n')
+    with pytest.raises(InputError, match="messages"):
+        load_examples(bad)
