@@ -205,7 +205,9 @@ class Pool:
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         await asyncio.gather(*(self._worker(i) for i in range(self.cfg.pool_size)))
-        info = next((w.info for w in self.workers if w is not None), {})
+        info = dict(next((w.info for w in self.workers if w is not None), {}))
+        if self.backend == "docker":
+            info["net_isolated"] = True  # network_mode none
         self.info = {"backend": self.backend, **info}
         if self.backend == "process":
             if not info.get("net_isolated"):
