@@ -95,3 +95,25 @@ def test_observation_rendering_matches_template(tokenizer):
     rendered = render_observations(["a", "b"])
     assert rendered.startswith("\n<|im_start|>user\n<tool_response>\na\n</tool_response>\n<tool_response>")
     assert rendered.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_rollouts_against_the_process_sandbox(tokenizer):
+    from environments.runtime import create_pool
+    from schemas.config import SandboxConfig
+
+    envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]
+
+    async def main():
+        pool = await create_pool(SandboxConfig(backend="process", pool_size=2))
+        try:
+            def respond(prompt, index):
+                env = next(e for e in envs if e.question in prompt)
+                return solving_policy(env)(prompt, index)
+            engine = ScriptedEngine(tokenizer, respond)
+            return await run_rollouts(engine, tokenizer, pool, envs, RolloutConfig(), samples=2)
+        finally:
+            await pool.shutdown()
+
+    episodes = asyncio.run(main())
+    assert [e.rollout.reward.f1 for e in episodes] == [1.0] * 4
+    assert all(e.rollout.status == "finished" and e.rollout.tool_errors == 0 for e in episodes)
