@@ -57,3 +57,16 @@ def prefect_server(tmp_path_factory) -> Iterator["PrefectServer"]:  # noqa: F821
             else:
                 os.environ[k] = v
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def served(prefect_server, tmp_path_factory) -> Iterator["Stack"]:  # noqa: F821
+    """`arenaforge serve` against the session server: work pool, limits, every deployment
+    (FLOWS plus the `probe` test flow), a worker; flow runs write to `served.warehouse`."""
+    from tests.support.served import start_served
+
+    stack = start_served(prefect_server, tmp_path_factory.mktemp("served"))
+    try:
+        yield stack
+    finally:
+        stack.stop()

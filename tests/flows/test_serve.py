@@ -1,0 +1,147 @@
+"""`arenaforge serve`: deployments with typed forms and schedules, limits, CLI runs, bad input, killed runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.served import served_flows
+
+pytestmark = pytest.mark.prefect_server
+
+
+def _client(stack: Any) -> Any:
+    from prefect.client.orchestration import get_client
+
+    return get_client(sync_client=True)
+
+
+def _wait_state(stack: Any, flow_run_id: Any, done: tuple[str, ...], timeout_s: float = 120) -> Any:
+    deadline = time.monotonic() + timeout_s
+    with stack.client_settings(), _client(stack) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if run.state and run.state.type.value in done:
+                return run
+            assert time.monotonic() < deadline, f"flow run stuck in {run.state}"
+            time.sleep(0.5)  # polling the run's state with a deadline
+
+
+def _probe_rows(stack: Any, tag: str) -> list[tuple]:
+    _, rows = stack.warehouse.query(
+        "SELECT record->>'subject' AS s, count(*) FROM rejections WHERE record->>'subject' LIKE ? GROUP BY 1 ORDER BY 1",
+        [f"{tag}-%"],
+    )
+    return rows
+
+
+def test_every_flow_has_a_deployment_with_a_typed_form(served: Any) -> None:
+    with served.client_settings(), _client(served) as client:
+        deployments = {d.name: d for d in client.read_deployments()}
+        pool = client.read_work_pool("arenaforge-test")
+    assert pool.type == "process"
+    assert set(served_flows()) <= set(deployments)
+    for name in served_flows():
+        d = deployments[name]
+        assert d.work_pool_name == "arenaforge-test"
+        assert d.enforce_parameter_schema
+        schema = d.parameter_openapi_schema
+        assert schema["properties"], f"{name}: no parameters in the UI form"
+    probe = deployments["probe"].parameter_openapi_schema
+    model = probe["definitions"]["ProbeParams"]["properties"]
+    assert model["n"]["default"] == 5 and model["n"]["description"] == "Rows to write."
+    assert model["n"]["type"] == "integer" and model["n"]["maximum"] == 10_000
+
+
+def test_concurrency_limits_exist(served: Any) -> None:
+    with served.client_settings(), _client(served) as client:
+        limits = {c.name: c.limit for c in client.read_global_concurrency_limits(limit=100)}
+    assert limits["model-endpoint"] == 16 and limits["sandbox"] == 8
+    assert limits["tag:model-endpoint"] == 16 and limits["tag:sandbox"] == 8
+
+
+def test_schedule_from_config_can_be_paused_and_resumed(served: Any) -> None:
+    with served.client_settings(), _client(served) as client:
+        deployment = client.read_deployment_by_name(served.deployments["probe"])
+        (sched,) = deployment.schedules
+        assert sched.schedule.interval.total_seconds() == 3600
+        assert sched.active is False and sched.parameters == {"params": {"tag": "scheduled", "n": 2}}
+        client.update_deployment_schedule(deployment.id, sched.id, active=True)  # what the UI toggle does
+        assert client.read_deployment_schedules(deployment.id)[0].active is True
+        client.update_deployment_schedule(deployment.id, sched.id, active=False)
+        assert client.read_deployment_schedules(deployment.id)[0].active is False
+
+
+def test_bad_schedule_config_is_one_line() -> None:
+    from flows.deployments import build_schedules
+    from schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="exactly one of cron"):
+        build_schedules("ingest", {"cron": "0 * * * *", "interval_s": 5})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        build_schedules("ingest", {"every": 5})
+    (cron,) = build_schedules("ingest", {"cron": "0 3 * * *", "timezone": "UTC", "parameters": {"a": 1}})
+    assert cron.cron == "0 3 * * *" and cron.parameters == {"a": 1}
+
+
+def test_cli_run_validates_params_and_completes(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.cli import app
+    from flows.registry import FLOWS
+
+    monkeypatch.setitem(FLOWS, "probe", served_flows()["probe"])
+    monkeypatch.setenv("ARENAFORGE_PREFECT__API_URL", served.api_url)
+    runner = CliRunner()
+    bad = runner.invoke(app, ["serve", "run", "probe", "--param", "n=lots"])
+    assert bad.exit_code != 0 and "n: Input should be a valid integer" in str(bad.exception)
+    ok = runner.invoke(app, ["serve", "run", "probe", "--param", "tag=cli", "--param", "n=3", "--wait"])
+    assert ok.exit_code == 0, ok.output
+    assert "Completed" in ok.output
+    assert _probe_rows(served, "cli") == [("cli-0", 1), ("cli-1", 1), ("cli-2", 1)]
+
+
+def test_server_rejects_wrong_types_before_running(served: Any) -> None:
+    """What a wrong value in the UI form hits: the server's schema check; no run is created."""
+    with served.client_settings(), _client(served) as client:
+        deployment = client.read_deployment_by_name(served.deployments["probe"])
+        with pytest.raises(Exception, match="Validation failed") as err:
+            client.create_flow_run_from_deployment(deployment.id, parameters={"params": {"n": "many"}})
+        assert "n" in str(err.value)
+
+
+def test_run_while_server_down_is_one_clear_line(tmp_path: Any) -> None:
+    env = {**os.environ, "ARENAFORGE_PREFECT__API_URL": "http://127.0.0.1:9/api", "ARENAFORGE_DB": str(tmp_path / "x.duckdb")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "serve", "run", "train-sft", "--param", "max_steps=2"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not answer; start it with `arenaforge serve`" in lines[0], proc.stderr
+
+
+def test_killed_run_reruns_to_completion_without_duplicates(served: Any) -> None:
+    from flows.deployments import start_run
+    from prefect.states import Cancelling
+
+    flows = served_flows()
+    params = {"tag": "killed", "n": 40, "batch": 4, "pause_s": 0.4}
+    first = start_run(served.api_url, "probe", params, flows=flows, wait_s=0)
+    deadline = time.monotonic() + 120
+    while not _probe_rows(served, "killed"):  # wait until it is mid-way, then kill it
+        assert time.monotonic() < deadline, "first run never wrote"
+        time.sleep(0.2)
+    with served.client_settings(), _client(served) as client:
+        client.set_flow_run_state(first.id, Cancelling(), force=True)
+    killed = _wait_state(served, first.id, ("CANCELLED", "CRASHED", "FAILED"))
+    partial = _probe_rows(served, "killed")
+    assert 0 < len(partial) < 40, f"{killed.state}: {len(partial)} rows"
+    again = start_run(served.api_url, "probe", params | {"pause_s": 0}, flows=flows, wait_s=None)
+    assert again.state.is_completed()
+    rows = _probe_rows(served, "killed")
+    assert len(rows) == 40 and all(n == 1 for _, n in rows)
