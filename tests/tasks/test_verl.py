@@ -1,0 +1,133 @@
+"""verl hand-off: the agent loop core with a scripted server manager, the tool, dataset, job spec."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.rl_rollout import RolloutConfig
+from tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
+from tasks.verl.dataset import AGENT_NAME, dataset_rows, write_dataset
+from tasks.verl.job import VerlJobSpec, write_job
+from tasks.verl.reward import compute_score
+from tasks.verl.tool import ArenaTool
+from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env, tiny_model_path
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_path())
+
+
+@dataclass
+class TokenOutput:  # verl 0.9's server-manager return type (token_ids, log_probs)
+    token_ids: list[int]
+    log_probs: list[float]
+
+
+class ScriptedServerManager:
+    """Stands in for verl's AsyncLLMServerManager: generate(request_id, *, prompt_ids, sampling_params)."""
+
+    def __init__(self, tokenizer, respond, legacy=False):
+        self.tokenizer, self.respond, self.legacy = tokenizer, respond, legacy
+        self.calls = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None):
+        self.calls.append((request_id, list(prompt_ids), dict(sampling_params)))
+        text = self.respond(self.tokenizer.decode(prompt_ids), len(self.calls) - 1)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return ids if self.legacy else TokenOutput(ids, [-0.3] * len(ids))
+
+
+def _sample_kwargs(env):
+    """What verl passes to run(): the dataset row's non-tensor fields (built like dataset.py does)."""
+    row = dataset_rows([env])[0]
+    return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"], "agent_name": row["agent_name"]}
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy):
+    env = tiny_env()
+    manager = ScriptedServerManager(tokenizer, solving_policy(env), legacy=legacy)
+    core = ArenaAgentCore(manager, tokenizer, InProcessPool(), RolloutConfig(max_turns=5))
+    out = asyncio.run(core.run({"temperature": 0.7, "top_p": 0.9}, request_id="req-1", **_sample_kwargs(env)))
+    assert out["reward_score"] == 1.0 and out["extra_fields"]["calls"] == 2 and out["extra_fields"]["env_failure"] == 0
+    assert len(out["response_ids"]) == len(out["response_mask"]) == len(out["response_logprobs"])
+    assert 0 < sum(out["response_mask"]) < len(out["response_mask"])
+    assert {c[0] for c in manager.calls} == {"req-1"}  # sticky request id: KV-cache affinity
+    assert manager.calls[0][2]["temperature"] == 0.7 and manager.calls[0][2]["logprobs"] is True
+    model_lp = {lp for lp, m in zip(out["response_logprobs"], out["response_mask"]) if m}
+    assert model_lp == ({0.0} if legacy else {-0.3})
+    # the full token stream is the prompt + what the server generated + observations, in order
+    assert manager.calls[1][1] == out["prompt_ids"] + out["response_ids"][: len(manager.calls[1][1]) - len(out["prompt_ids"])]
+
+
+def test_agent_core_neutralises_environment_failures(tokenizer):
+    env = tiny_env()
+    core = ArenaAgentCore(ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
+                          InProcessPool(fail_calls_to={"get_population"}), RolloutConfig())
+    out = asyncio.run(core.run({}, request_id="r", **_sample_kwargs(env)))
+    assert out["extra_fields"]["env_failure"] == 1 and out["reward_score"] == 0.0
+    assert sum(out["response_mask"]) == 0
+
+
+def test_dataset_rows_carry_the_environment(tmp_path):
+    envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia")]
+    rows = pq.read_table(write_dataset(envs, tmp_path / "train.parquet")).to_pylist()
+    assert [r["agent_name"] for r in rows] == [AGENT_NAME] * 2
+    assert json.loads(rows[1]["reward_model"]["ground_truth"]) == ["Ostia", "81234"]
+    assert rows[0]["prompt"][-1] == {"role": "user", "content": envs[0].question}
+    assert environment_from_kwargs({"extra_info": rows[1]["extra_info"]}) == envs[1]
+
+
+def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
+    job = write_job(VerlJobSpec(model_path="/models/qwen3-8b", out_dir=str(tmp_path / "verl"), group_size=4),
+                    [tiny_env()])
+    o = dict(x.split("=", 1) for x in job.overrides)
+    assert o["algorithm.adv_estimator"] == "grpo" and o["algorithm.filter_groups.enable"] == "True"
+    assert o["algorithm.use_kl_in_reward"] == "False" and o["actor_rollout_ref.actor.use_kl_loss"] == "False"
+    assert o["actor_rollout_ref.actor.entropy_coeff"] == "0.0" and o["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
+    assert o["actor_rollout_ref.rollout.n"] == "4" and o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
+    assert (tmp_path / "verl" / "train.parquet").exists() and (tmp_path / "verl" / "job.json").exists()
+    assert "tasks.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    assert job.entrypoint.startswith("python -m verl.trainer.main_ppo ")
+
+
+def test_tool_lifecycle_and_reward():
+    env = tiny_env()
+    pool = InProcessPool()
+    tool = ArenaTool(pool, name="get_capital")
+
+    async def main():
+        iid, _ = await tool.create(create_kwargs={"env_json": env.model_dump_json()})
+        text, _, info = await tool.execute(iid, {"country": "Freedonia"})
+        population, _, _ = await tool.execute(iid, {"city": text}, tool_name="get_population")
+        reward = await tool.calc_reward(iid)
+        breakdown = tool.breakdown(iid)
+        await tool.release(iid)
+        return text, population, info, reward, breakdown
+
+    text, population, info, reward, breakdown = asyncio.run(main())
+    assert (text, population, info["outcome"], reward) == ("Quaxton", "81234", "ok", 1.0)
+    assert breakdown.calls == 2 and pool.closed == 1
+
+
+def test_compute_score_fallback_reads_tool_responses():
+    text = call_text("get_capital", country="F") + "<|im_end|>\n<|im_start|>user\n<tool_response>\nQuaxton\n</tool_response>"
+    score = compute_score("arenaforge", text, json.dumps(["Quaxton", "81234"]))
+    assert score["recall"] == 0.5 and score["calls"] == 1 and score["score"] == pytest.approx(2 / 3)
+
+
+def test_verl_adapter_subclasses_agent_loop_base():
+    pytest.importorskip("verl", reason="verl is an optional extra (pip install 'arenaforge[verl]')")
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+
+    from tasks.verl.verl_adapter import ArenaAgentLoop
+
+    assert issubclass(ArenaAgentLoop, AgentLoopBase)
