@@ -125,7 +125,7 @@ def test_compute_score_fallback_reads_tool_responses():
 
 
 def test_verl_adapter_subclasses_agent_loop_base():
-    pytest.importorskip("verl", reason="verl is an optional extra (pip install 'arenaforge[verl]')")
+    pytest.importorskip("verl", reason="optional: verl is an extra (pip install 'arenaforge[verl]')")
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
     from tasks.verl.verl_adapter import ArenaAgentLoop
