@@ -94,7 +94,7 @@ class SftConfig(_Section):
     mcp_timeout_s: float = Field(default=30.0, gt=0, description="Start/list deadline for a live MCP server.")
     mcp_call_timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one live MCP tool call.")
     use_embeddings: bool = Field(default=True, description="Graph: also match outputs to parameters by MiniLM similarity.")
-    embedding_threshold: float = Field(default=0.6, ge=0, le=1, description="Cosine similarity that counts as a match.")
+    embedding_threshold: float = Field(default=0.65, ge=0, le=1, description="Cosine similarity that counts as a match.")
     chain_min_len: int = Field(default=1, ge=1)
     chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
     chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
