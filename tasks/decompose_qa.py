@@ -251,6 +251,8 @@ class OfflineQASynthesizer:
             chains = [[]]  # no links: one step on one table
         else:
             lo, hi = max(2, spec.min_hops), spec.max_hops
+            if structure == "parallel_multi_hop":  # a final comparison may add one hop
+                lo, hi = max(2, lo - 1), max(2, hi - rng.randint(0, 1))
             chains = _paths(source, rng.randint(lo, hi) - 1 if hi >= lo else 0)
             if not chains:
                 return None
@@ -271,7 +273,10 @@ class OfflineQASynthesizer:
                 ends.append((x0, resolved))
             if len(ends) >= 3 * width:
                 break
-        return _compose(source.name, structure, path, final, start, ends, subs, mode, seed_q)
+        made = _compose(source.name, structure, path, final, start, ends, subs, mode, seed_q)
+        if made is None or made.structure != structure or not spec.min_hops <= made.hop_level <= spec.max_hops:
+            return None  # e.g. a comparison step pushed the hop level past the budget: try another sample
+        return made
 
 
 def _structure_fits(structure: str, spec: QASpec) -> bool:
