@@ -11,7 +11,9 @@ import importlib
 from typing import Any
 
 # deployment name -> "module:flow_function"
-FLOWS: dict[str, str] = {}
+FLOWS: dict[str, str] = {
+    "envs": "flows.envs_flows:envs",
+}
 
 
 def load_flow(name: str) -> Any:
