@@ -724,7 +724,22 @@ def _unshare_net(is_root: bool) -> bool:
     return True
 
 
+def run_once() -> None:
+    """One call without a server: {"env", "tool", "args", "output_limit"} on stdin, the reply on stdout (baselines)."""
+    req = json.loads(sys.stdin.buffer.read())
+    try:
+        tools = _Tools(req["env"])
+    except BaseException as err:  # noqa: BLE001
+        reply = {"outcome": "error", "output": "", "error": "".join(traceback.format_exception(err)), "truncated": False}
+    else:
+        reply = _call(tools, req, int(req.get("output_limit") or LIMITS["output_limit"]))
+    sys.stdout.write(json.dumps(reply) + "\n")
+
+
 def main() -> None:
+    if "--once" in sys.argv:
+        run_once()
+        return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans of sessions come back to us for reaping

@@ -1,0 +1,99 @@
+"""Pool-level limits and choices on the process backend (fast, no engine needed): concurrency cap,
+session wall-clock limit, output limit, auto backend fallback, the CLI and the benchmark."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from environments.package import write_package
+from environments.runtime import create_pool, run_calls
+from environments.runtime import pool as pool_module
+from tests.environments.conftest import sandbox_config
+from tests.environments.toolsets import adversarial_env, retail_functions_env
+
+
+def test_concurrency_cap_queues_calls() -> None:
+    async def scenario() -> float:
+        async with await create_pool(sandbox_config("process", max_concurrency=2)) as pool:
+            sessions = [await pool.open(adversarial_env()) for _ in range(4)]
+            started = time.monotonic()
+            obs = await asyncio.gather(*(pool.call(s, "nap", {"seconds": 0.4}) for s in sessions))
+            assert [o.output for o in obs] == ["rested"] * 4
+            return time.monotonic() - started
+
+    elapsed = asyncio.run(scenario())
+    assert 0.8 <= elapsed < 2.0  # two waves of two
+
+
+def test_session_wall_clock_limit() -> None:
+    async def scenario() -> list:
+        async with await create_pool(sandbox_config("process", session_timeout_s=1.0, pool_size=1)) as pool:
+            session = await pool.open(adversarial_env())
+            return [
+                await pool.call(session, "nap", {"seconds": 1.1}),
+                await pool.call(session, "noop", {}),
+            ]
+
+    first, second = asyncio.run(scenario())
+    assert first.outcome == "ok"
+    assert second.outcome == "timeout" and "session exceeded" in (second.error or "")
+
+
+def test_output_limit_is_configurable() -> None:
+    async def scenario() -> list:
+        async with await create_pool(sandbox_config("process", output_limit_bytes=1000, pool_size=1)) as pool:
+            return await run_calls(pool, adversarial_env(), [("flood_return", {}), ("get_user_balance", {"user_id": "u1"})])
+
+    flood, normal = asyncio.run(scenario())
+    assert flood.truncated and flood.output.startswith("x" * 1000) and "[truncated: " in flood.output
+    assert len(flood.output) < 1100
+    assert (normal.output, normal.truncated) == ("100.0", False)
+
+
+def test_auto_falls_back_to_process_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda: False)
+
+    async def scenario() -> str:
+        async with await create_pool(sandbox_config("auto", pool_size=1)) as pool:
+            obs = await run_calls(pool, retail_functions_env(), [("get_user_balance", {"user_id": "u2"})])
+            assert obs[0].output == "5.0"
+            return pool.backend
+
+    with caplog.at_level(logging.WARNING, logger="arenaforge.sandbox"):
+        assert asyncio.run(scenario()) == "process"
+    assert any("no Docker engine answers" in r.getMessage() for r in caplog.records)
+
+
+def test_cli_run_and_check(tmp_path: Path) -> None:
+    from flows.cli import app
+
+    write_package(retail_functions_env(), tmp_path / "env")
+    runner = CliRunner()
+    result = runner.invoke(
+        app, ["sandbox", "run", str(tmp_path / "env"), "get_user_balance", "--args", '{"user_id": "u1"}', "--backend", "process"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["output"] == "100.0"
+    failing = runner.invoke(app, ["sandbox", "run", str(tmp_path / "env"), "get_order_details", "--args", '{"order_id": "zz"}', "--backend", "process"])
+    assert failing.exit_code == 1 and "order zz not found" in failing.output
+    checked = runner.invoke(app, ["sandbox", "check", str(tmp_path / "env"), "--backend", "process"])
+    assert checked.exit_code == 0, checked.output
+    assert [json.loads(line)["passed"] for line in checked.output.splitlines()] == [True, True]
+
+
+def test_benchmark_smoke() -> None:
+    from tasks.benchmarks.sandbox import main
+
+    result = main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0, backend="process", pool_size=1)
+    assert result["pool_backend"] == "process"
+    assert result["pool"]["trivial"]["4"]["calls"] == 40 and result["pool"]["trivial"]["4"]["failed"] == 0
+    assert result["pool"]["cpu50ms"]["1"]["p50_ms"] >= 45
+    assert result["subprocess"]["trivial"]["1"]["failed"] == 0
+    assert result["ratios"]["pool_over_subprocess"]["trivial"]["1"] > 1
