@@ -12,7 +12,14 @@ from typing import Any
 
 # deployment name -> "module:flow_function"
 FLOWS: dict[str, str] = {
+    "ingest": "flows.sft_flows:ingest",
+    "graph": "flows.sft_flows:graph",
+    "sft": "flows.sft_flows:sft",
     "envs": "flows.envs_flows:envs",
+    "rollout": "flows.train_flows:rollout",
+    "train-grpo": "flows.train_flows:train_grpo",
+    "train-sft": "flows.train_flows:train_sft",
+    "eval": "flows.train_flows:evaluate",
 }
 
 

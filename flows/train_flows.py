@@ -1,0 +1,51 @@
+"""Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `eval`.
+
+Composition only: each flow takes one params model (typed forms in the UI), runs the matching
+job from `tasks.train.jobs` as one task, and leaves a summary artifact. Jobs record their own
+`runs` row and write records at step boundaries, so a killed run loses at most one step and a
+re-run of `train-grpo`/`train-sft` resumes from the newest checkpoint. Retries stay off here:
+a training step is not idempotent mid-flight, and the jobs resume instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.artifacts import SANDBOX, summary_table
+from tasks.train import jobs
+from tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams
+
+rollout_task = task(jobs.rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
+grpo_task = task(jobs.grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])
+sft_task = task(jobs.sft_job, name="sft-steps", cache_policy=NO_CACHE)
+eval_task = task(jobs.eval_job, name="evaluate", cache_policy=NO_CACHE, tags=[SANDBOX])
+
+
+def _summarise(title: str, result: dict[str, Any]) -> dict[str, Any]:
+    summary_table(title, {k: v for k, v in result.items() if not isinstance(v, (dict, list))},
+                  key=f"{title}-{result.get('run_id', '')}")
+    return result
+
+
+@flow(name="rollout")
+def rollout(params: RolloutParams) -> dict[str, Any]:
+    return _summarise("rollout", rollout_task(params))
+
+
+@flow(name="train-grpo")
+def train_grpo(params: GrpoParams) -> dict[str, Any]:
+    """GRPO on one node, or the verl job (submitted as a Ray job when verl.ray_address is set)."""
+    return _summarise("train-grpo", grpo_task(params))
+
+
+@flow(name="train-sft")
+def train_sft(params: SftParams) -> dict[str, Any]:
+    return _summarise("train-sft", sft_task(params))
+
+
+@flow(name="eval")
+def evaluate(params: EvalParams) -> dict[str, Any]:
+    return _summarise("eval", eval_task(params))

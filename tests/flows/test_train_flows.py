@@ -1,0 +1,121 @@
+"""Training flows end to end through the CLI: GRPO (hf and vllm engines) with resume, verl spec, SFT, eval, rollout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.registry import FLOWS, load_flow
+from schemas.kinds_training import Checkpoint, EvalRun, TrainStep
+from schemas.models import Rollout, Run
+from tests.support.rl import solving_policy, tiny_env, tiny_model_path
+from tests.support.scripted_vllm import ScriptedVllm, text_responder
+
+
+@pytest.fixture
+def wh(tmp_warehouse, monkeypatch):
+    monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
+    monkeypatch.setenv("ARENAFORGE_SANDBOX__POOL_SIZE", "2")
+    tmp_warehouse.upsert([tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)])
+    return tmp_warehouse
+
+
+def _run(wh, *args):
+    result = CliRunner().invoke(app, ["--db", str(wh.path), *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output[result.output.index("{"): result.output.rindex("}") + 1])
+
+
+def test_flows_are_registered_with_one_params_model():
+    from flows.deployments import params_model
+
+    for name in ("rollout", "train-grpo", "train-sft", "eval"):
+        flow = load_flow(name)
+        assert flow.name == name and params_model(flow) is not None
+    assert FLOWS["train-grpo"] == "flows.train_flows:train_grpo"
+
+
+def test_grpo_hf_engine_writes_metrics_checkpoints_and_resumes(wh, tmp_path):
+    common = ["train", "grpo", "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--split", "all",
+              "--group-size", "2", "--batch-groups", "1", "--max-groups-per-step", "2", "--max-length", "48",
+              "--max-tokens-per-turn", "8", "--max-turns", "2"]
+    first = _run(wh, *common, "--steps", "1")
+    assert (first["first_step"], first["last_step"]) == (1, 1) and len(first["checkpoints"]) == 1
+    second = _run(wh, *common, "--steps", "2")
+    assert second["first_step"] == 2 and second["resumed_from"].endswith("step-000001")
+    steps = wh.load(TrainStep)
+    assert [s.step for s in steps] == [1, 2]
+    assert all(s.metrics["groups_generated"] == 2 and s.metrics["response_len"] > 0 for s in steps)
+    assert [c.step for c in wh.load(Checkpoint)] == [1, 2]
+    assert {r.engine for r in wh.load(Rollout)} == {"hf"}
+    assert [r.status for r in wh.load(Run) if r.flow == "train-grpo"] == ["completed", "completed"]
+
+
+def test_grpo_vllm_engine_against_scripted_server(wh, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    envs = {e.question: e for e in [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]}
+    solve = {q: solving_policy(e) for q, e in envs.items()}
+
+    def respond(prompt, index):  # odd samples solve, even samples give up: groups have variance
+        server_seed = server.requests[-1]["seed"]
+        question = next(q for q in envs if q in prompt)
+        return solve[question](prompt, index) if (server_seed // 1000) % 2 else "no idea"
+
+    server = ScriptedVllm(text_responder(tok, respond)).start()
+    try:
+        out = _run(wh, "train", "grpo", "--engine", "vllm", "--policy-url", server.base_url, "--served-model", "tiny",
+                   "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--experiment", "v",
+                   "--split", "all", "--steps", "2", "--group-size", "2", "--batch-groups", "2",
+                   "--old-logprobs", "engine")
+    finally:
+        server.stop()
+    assert out["last_step"] == 2 and "skipped" not in out["last_metrics"]
+    assert out["last_metrics"]["zero_variance_share"] == 0.0 and out["last_metrics"]["batch_reward"] == 0.5
+    assert all(isinstance(req["prompt"], list) for req in server.requests)
+    assert {r.engine for r in wh.load(Rollout)} == {"vllm"}
+
+
+def test_grpo_writes_the_verl_job_spec(wh, tmp_path):
+    out = _run(wh, "train", "grpo", "--verl-spec-only", "--split", "all", "--out-dir", str(tmp_path),
+               "--model-path", "/models/qwen3-8b")
+    job = json.loads(open(out["verl_job"]).read())
+    assert out["ray_job_id"] is None and "algorithm.filter_groups.enable=True" in job["overrides"]
+    assert job["spec"]["model_path"] == "/models/qwen3-8b"
+
+
+def test_eval_and_rollout_commands(wh):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]
+
+    def respond(prompt, index):
+        return solving_policy(next(e for e in envs if e.question in prompt))(prompt, index)
+
+    server = ScriptedVllm(text_responder(tok, respond)).start()
+    try:
+        url = ["--engine", "vllm", "--policy-url", server.base_url, "--model-path", str(tiny_model_path())]
+        ev = _run(wh, "eval", "run", *url, "--split", "all")
+        ro = _run(wh, "rollout", "run", *url, "--samples", "2")
+    finally:
+        server.stop()
+    assert (ev["f1"], ev["calls_per_task"], ev["episodes"]) == (1.0, 2.0, 2)
+    assert wh.load(EvalRun)[0].failure_reasons == {}
+    assert ro["rollouts"] == 4 and ro["mean_f1"] == 1.0
+
+
+def test_sft_and_build_tiny_model_commands(wh, tmp_path):
+    built = _run(wh, "train", "build-tiny-model", "--out", str(tmp_path / "tiny"), "--hidden", "32")
+    assert (tmp_path / "tiny" / "tokenizer_config.json").exists() and built["path"].endswith("tiny")
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    out = _run(wh, "train", "sft", "--data", str(data), "--model-path", str(tmp_path / "tiny"),
+               "--out-dir", str(tmp_path), "--epochs", "2", "--checkpoint-every", "1")
+    assert out["last_step"] == 2 and out["last_loss"] > 0
+    assert [s.step for s in wh.load(TrainStep) if s.algorithm == "sft"] == [1, 2]
