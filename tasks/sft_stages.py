@@ -80,16 +80,18 @@ def sample_chains(cfg: Config, wh: Warehouse, run_id: str | None, servers: Seque
 
 # --------------------------------------------------------------------------- tasks
 def synthesize_tasks(cfg: Config, wh: Warehouse, run_id: str | None, chain_ids: Sequence[str],
-                     servers: Sequence[str] = (), seed: int = 0) -> tuple[list[str], dict[str, int]]:
-    """Chain-conditioned tasks for the chains, server-only tasks for the servers; scored, accepted or not."""
+                     servers: Sequence[str] = (), seed: int = 0, server_only: bool = False
+                     ) -> tuple[list[str], dict[str, int]]:
+    """Chain-conditioned tasks for the chains, plus (server_only) server-only tasks for `servers` (empty = all);
+    scored, accepted or not."""
     chains = wh.load(ToolChain, where="id = ANY(?)", params=[list(chain_ids)]) if chain_ids else []
-    names = sorted(set(servers) | {c.server for c in chains})
-    server_list, tools = tool_graph.load_servers(wh, names) if names else ([], {})
+    server_list, tools = tool_graph.load_servers(wh, servers or None)
     by_name = {s.name: s for s in server_list}
+    chains = [c for c in chains if c.server in by_name]
     jobs: list[tuple[Server, Sequence[Tool], ToolChain | None, Any]] = []
     for c in sorted(chains, key=lambda c: c.id):
         jobs.append((by_name[c.server], tools[c.server], c, tool_graph.server_rng(seed, c.id, "query")))
-    for s in server_list if servers else []:
+    for s in server_list if server_only else []:
         for k in range(cfg.sft.server_only_per_server):
             if tools.get(s.name):
                 jobs.append((s, tools[s.name], None, tool_graph.server_rng(seed, s.name, f"server-query-{k}")))
