@@ -110,7 +110,11 @@ def _default(obj: object) -> object:
 
 
 def _truncate(text: str, limit: int, extra_dropped: int = 0) -> tuple[str, bool]:
-    data = text.encode("utf-8", "replace")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates become "?": replies must be valid UTF-8
+        data = text.encode("utf-8", "replace")
+        text = data.decode("utf-8")
     if len(data) <= limit and not extra_dropped:
         return text, False
     kept = data[:limit].decode("utf-8", "ignore")
@@ -202,6 +206,15 @@ def _call(tools: _Tools, req: dict, limit: int) -> dict:
             error = f"{type(err).__name__}: the tool tried to exit ({err!r})\n" + error
     finally:
         sys.stdout, sys.stderr = real_out, real_err
+    try:
+        return _reply(outcome, value, error, capture, limit)
+    except MemoryError:
+        return {"outcome": "limit", "output": "", "error": "MemoryError: rendering the result exceeded the memory limit", "truncated": False}
+    except BaseException as err:  # noqa: BLE001 - e.g. a __repr__ that raises
+        return {"outcome": "error", "output": "", "error": f"the result could not be rendered: {err!r}", "truncated": False}
+
+
+def _reply(outcome: str, value: object, error: str | None, capture: _CappedWriter, limit: int) -> dict:
     printed = capture.value()
     truncated = False
     if outcome == "ok":
@@ -211,7 +224,7 @@ def _call(tools: _Tools, req: dict, limit: int) -> dict:
         if not text.strip():
             outcome = "no_output"
     else:
-        text = printed[:limit]
+        text = _truncate(printed, limit)[0]
         error, _ = _truncate(error or "", limit)
     return {"outcome": outcome, "output": text, "error": error, "truncated": truncated}
 

@@ -97,3 +97,32 @@ def test_benchmark_smoke() -> None:
     assert result["pool"]["cpu50ms"]["1"]["p50_ms"] >= 45
     assert result["subprocess"]["trivial"]["1"]["failed"] == 0
     assert result["ratios"]["pool_over_subprocess"]["trivial"]["1"] > 1
+
+
+def test_session_cpu_limit_and_odd_results() -> None:
+    code = (
+        "def spin():\n    while True:\n        pass\n"
+        "def surrogate():\n    return 'a\\ud800b'\n"
+        "class Bad:\n    def __repr__(self):\n        raise RuntimeError('no repr')\n"
+        "def unrenderable():\n    return Bad()\n"
+        "def ok():\n    return 'fine'\n"
+    )
+    from schemas.models import Environment, FunctionDoc
+
+    env = Environment(name="odd", tools=[FunctionDoc(name=n) for n in ("spin", "surrogate", "unrenderable", "ok")], code=code)
+
+    async def scenario() -> list:
+        async with await create_pool(sandbox_config("process", session_cpu_s=1, pool_size=1)) as pool:
+            session = await pool.open(env)
+            return [
+                await pool.call(session, "spin", {}, timeout_s=10),
+                await pool.call(session, "surrogate", {}),
+                await pool.call(session, "unrenderable", {}),
+                await pool.call(session, "ok", {}),
+            ]
+
+    spin, surrogate, unrenderable, ok = asyncio.run(scenario())
+    assert spin.outcome == "limit" and "SIGXCPU" in (spin.error or "") and spin.duration_s < 5
+    assert surrogate.outcome == "ok" and surrogate.output.startswith("a") and surrogate.output.endswith("b")
+    assert unrenderable.outcome == "error" and "could not be rendered" in (unrenderable.error or "")
+    assert ok.output == "fine"
