@@ -107,7 +107,8 @@ def grade_source() -> str:
     consts = (f"EPSILON = {reward_module.EPSILON!r}\n_NUMBER = re.compile({reward_module._NUMBER.pattern!r})\n"
               f"_PUNCT = re.compile({reward_module._PUNCT.pattern!r})\n")
     head = ('"""Harbor verifier: F1 reward (copied from arenaforge environments/reward.py) over the call log."""\n'
-            "import json, math, os, re, unicodedata\n\n")
+            "from __future__ import annotations\n\n"
+            "import json, math, os, re, unicodedata\nfrom collections.abc import Iterable, Sequence\n\n")
     return head + consts + "\n\n" + "\n\n".join(parts) + _GRADE_TAIL
 
 

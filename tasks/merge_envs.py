@@ -150,7 +150,10 @@ async def merge_environments(grouper: Grouper, pool: Any, drafts: list[EnvDraft]
         for i, t in subset:
             calls = [c.model_copy(update={"tool": first.name}) for c in t.calls]
             own = replace(merged_tool, calls=calls, probes=list(t.probes))
-            others = [c.arguments for j, u in subset if j != i for c in u.calls]
+            # every valid argument of the merged tool: all members' probes and the other members' gold calls
+            own_args = [c.arguments for c in t.calls]
+            others = [a for j, u in subset if j != i for a in [c.arguments for c in u.calls] + u.probes]
+            others = [a for k, a in enumerate(others) if a not in own_args and a not in others[:k]]
             new_tools = [own if x.name == t.name else x for x in current[i].tools]
             if len({x.name for x in new_tools}) != len(new_tools):
                 candidates = []
