@@ -1,0 +1,60 @@
+"""A scripted 'model' for the SFT track: answers each step's prompt sensibly, over real HTTP.
+
+Structured steps are recognised by the response_format schema name the step sends; agent turns by
+the presence of `tools`. Answers are derived from the prompt (tool names, schemas), not fixed text.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any
+
+from tasks.tool_simulator import sample_value
+from tests.support.scripted_openai import chat_completion
+
+_TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
+
+
+class SftResponder:
+    def __init__(self) -> None:
+        self.reject_chains = False
+        self.break_simulator = False
+        self.rng = random.Random(0)
+
+    def __call__(self, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("tools"):
+            return self._agent(req)
+        fmt = req.get("response_format") or {}
+        step = fmt.get("json_schema", {}).get("name", "")
+        schema = fmt.get("json_schema", {}).get("schema", {})
+        prompt = req["messages"][0]["content"]
+        names = _TOOL_LINE.findall(prompt)
+        answers = {
+            "propose_chains": lambda: {"chains": [names[i:i + 2] for i in range(0, max(len(names) - 1, 1))] or [names]},
+            "verify_chain": lambda: {"valid": not self.reject_chains, "reason": "each input comes from the user or an earlier output"},
+            "chain_to_query": lambda: {"query": f"Please use the service to handle my request about {names[0] if names else 'it'}."},
+            "query_to_chain": lambda: {"tools": names},
+            "write_query": lambda: {"query": "I am in Oslo next week; what will the weather be and is the air clean?"},
+            "augment_query": lambda: {"query": "As a cyclist in Oslo, tell me next week's forecast and the air quality.",
+                                      "persona": "cyclist"},
+            "score_query": lambda: {"clarity": 0.9, "realism": 0.85, "tool_necessity": 0.95, "rationale": "clear"},
+            "simulate_tool": lambda: ({"wrong": True} if self.break_simulator
+                                      else sample_value(schema, "result", self.rng)),
+            "judge_trajectory": lambda: {d: 0.9 for d in ("query_understanding", "planning", "tool_response_understanding",
+                                                           "context_conditioned_planning", "tool_call_status",
+                                                           "tool_conciseness", "final_answer_quality")} | {"rationale": "good"},
+        }
+        if step not in answers:
+            return chat_completion(content="{}")
+        return chat_completion(content=json.dumps(answers[step]()))
+
+    def _agent(self, req: dict[str, Any]) -> dict[str, Any]:
+        tools = [t["function"] for t in req["tools"]]
+        done = [m for m in req["messages"] if m["role"] == "tool"]
+        if len(done) < min(2, len(tools)):
+            fn = tools[len(done)]
+            args = sample_value(fn.get("parameters", {}), fn["name"], self.rng)
+            return chat_completion(tool_calls=[{"name": fn["name"], "arguments": args}])
+        return chat_completion(content="Done. " + " | ".join((m.get("content") or "")[:80] for m in done))
