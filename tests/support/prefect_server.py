@@ -19,6 +19,7 @@ QUIET_ENV = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
 }
 
 
@@ -45,6 +46,7 @@ class PrefectServer:
         self.home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env()}
         env.pop("PREFECT_API_URL")  # the server itself must not point at itself
+        env["PREFECT_UI_API_URL"] = self.api_url  # else the UI (browser tests) calls the default port 4200
         self.log = open(self.home / "server.log", "w")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
