@@ -1,0 +1,89 @@
+"""Browsing the warehouse from the CLI: `db show <view> --where`, `db query`, `db tables` (typer's CliRunner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from schemas.models import (
+    ChatMessage,
+    Environment,
+    FunctionDoc,
+    GoldCall,
+    RewardBreakdown,
+    Rollout,
+    Trajectory,
+    Verification,
+)
+from warehouse import Warehouse, recorded_run
+
+
+def _env(i: int, verified: bool, tools: int) -> Environment:
+    return Environment(
+        name=f"weather_{i}",
+        qa_id=f"qa_{i}",
+        tools=[FunctionDoc(name=f"tool_{i}_{k}") for k in range(tools)],
+        code="def tool(): return 1\n",
+        calls=[GoldCall(tool=f"tool_{i}_0", arguments={"city": "Oslo"})],
+        question=f"What is the weather in city {i}?",
+        verification=Verification(passed=verified, checks={"executes": verified}),
+    )
+
+
+@pytest.fixture
+def browse_db(tmp_path: Path) -> Path:
+    db = tmp_path / "browse.duckdb"
+    wh = Warehouse(db)
+    envs = [_env(0, True, 4), _env(1, False, 5), _env(2, True, 1)]
+    with recorded_run(wh, "envs", {"n": 3}) as (run, counts):
+        counts["environments"] = wh.upsert([e.model_copy(update={"run_id": run.id}) for e in envs])
+    msgs = [ChatMessage(role="user", content="hi"), ChatMessage(role="assistant", content="sunny")]
+    wh.upsert([Trajectory(task_id="t1", server="weather", messages=msgs, tools=[], tool_calls=2, final_answer="sunny")])
+    reward = RewardBreakdown(recall=1.0, precision=0.5, f1=2 / 3, solved=1, subtasks=1, calls=2)
+    wh.upsert([Rollout(env_id=envs[0].id, engine="scripted", policy="p0", sample=s, reward=reward, status="finished") for s in range(2)])
+    return db
+
+
+def _cli(db: Path, *args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["--db", str(db), *args], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    return res.exit_code, res.output + (str(res.exception) if res.exception and res.exit_code != 0 else "")
+
+
+def test_show_environments_where(browse_db: Path) -> None:
+    code, out = _cli(browse_db, "db", "show", "environments", "--where", "verified AND tools > 2")
+    assert code == 0, out
+    assert "v_environments (1 rows shown)" in out
+    assert "weather_0" in out and "weather_1" not in out and "weather_2" not in out
+    assert "What is the weather in city 0?" in out
+
+
+def test_show_runs_trajectories_rollouts(browse_db: Path) -> None:
+    code, out = _cli(browse_db, "db", "show", "runs")
+    assert code == 0 and "envs" in out and "completed" in out and '{"environments":3}' in out
+    code, out = _cli(browse_db, "db", "show", "trajectories", "--where", "tool_calls = 2")
+    assert code == 0 and "v_trajectories (1 rows shown)" in out and "sunny" in out
+    code, out = _cli(browse_db, "db", "show", "rollouts", "--limit", "1")
+    assert code == 0 and "v_rollouts (1 rows shown)" in out and "scripted" in out
+
+
+def test_query_accepts_sql(browse_db: Path) -> None:
+    code, out = _cli(
+        browse_db, "db", "query",
+        "SELECT e.name, count(r.id) AS rollouts, round(avg(r.f1), 3) AS mean_f1 "
+        "FROM v_environments e LEFT JOIN v_rollouts r ON r.env_id = e.id GROUP BY 1 ORDER BY 1",
+    )
+    assert code == 0, out
+    lines = [line for line in out.splitlines() if "weather_" in line]
+    assert len(lines) == 3 and "0.667" in lines[0] and "2" in lines[0]
+
+
+def test_bad_where_and_unknown_view_are_user_errors(browse_db: Path) -> None:
+    from schemas.errors import WarehouseError
+
+    res = CliRunner().invoke(app, ["--db", str(browse_db), "db", "show", "environments", "--where", "nonsense >"])
+    assert isinstance(res.exception, WarehouseError) and "query failed" in str(res.exception)
+    res = CliRunner().invoke(app, ["--db", str(browse_db), "db", "show", "nope"])
+    assert isinstance(res.exception, WarehouseError) and "unknown table or view 'nope'" in str(res.exception)
