@@ -26,8 +26,10 @@ import ctypes
 import dataclasses
 import errno
 import gc
+import heapq
 import inspect
 import io
+import itertools
 import json
 import linecache
 import os
@@ -330,6 +332,8 @@ class Server:
         self.is_root = os.geteuid() == 0
         self.net_isolated = False
         self.to_spawn: list[Session] = []
+        self.deadlines: list[tuple] = []  # heap of (deadline, tiebreak, token of the request, session)
+        self.tick = itertools.count()
         self.outq: list[bytes] = []
 
     # ---- plumbing
@@ -376,14 +380,23 @@ class Server:
             sess.queue.insert(0, req)
             req = {"id": None, "op": "open"}
         sess.pending = req
-        sess.deadline = time.monotonic() + float(self.limits["open_timeout_s"])
+        self._arm(sess, float(self.limits["open_timeout_s"]))
+
+    def _arm(self, sess: Session, seconds: float) -> None:
+        """Set the deadline of the request now in flight (a heap entry; stale entries are skipped later)."""
+        sess.deadline = time.monotonic() + seconds
+        heapq.heappush(self.deadlines, (sess.deadline, next(self.tick), id(sess.pending), sess))
+
+    def _stale(self, entry: tuple) -> bool:
+        deadline, _, token, sess = entry
+        return sess.pending is None or id(sess.pending) != token or sess.deadline != deadline or self.sessions.get(sess.sid) is not sess
 
     def _next_timeout(self) -> float:
-        now = time.monotonic()
-        deadlines = [s.deadline for s in self.sessions.values() if s.pending is not None]
-        if not deadlines:
+        while self.deadlines and self._stale(self.deadlines[0]):
+            heapq.heappop(self.deadlines)
+        if not self.deadlines:
             return 1.0
-        return max(0.0, min(min(deadlines) - now, 1.0))
+        return max(0.0, min(self.deadlines[0][0] - time.monotonic(), 1.0))
 
     def _read_stdin(self) -> None:
         try:
@@ -503,6 +516,7 @@ class Server:
         self.by_pid.clear()
         self.inbuf = b""
         self.outq = []
+        self.deadlines = []
         gc.collect()
 
     def _pump(self, sess: Session) -> None:
@@ -515,7 +529,7 @@ class Server:
             return
         req = sess.queue.pop(0)
         sess.pending = req
-        sess.deadline = time.monotonic() + float(req.get("timeout") or 5.0)
+        self._arm(sess, float(req.get("timeout") or 5.0))
         sess.seq += 1
         payload = {"seq": sess.seq, "tool": req.get("tool"), "args": req.get("args")}
         try:
@@ -600,8 +614,10 @@ class Server:
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for sess in list(self.sessions.values()):
-            if sess.pending is not None and now >= sess.deadline:
+        while self.deadlines and self.deadlines[0][0] <= now:
+            entry = heapq.heappop(self.deadlines)
+            sess = entry[3]
+            if not self._stale(entry):
                 req, sess.pending = sess.pending, None
                 self._kill(sess, cleanup=True)
                 if req.get("op") == "open":
