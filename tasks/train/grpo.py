@@ -86,6 +86,10 @@ class PackedBatch:
     engine_logp: torch.Tensor  # (B, T-1)
     advantages: torch.Tensor  # (B,)
 
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        return PackedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask,
+                                                     self.engine_logp, self.advantages)))
+
 
 def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int) -> PackedBatch:
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
@@ -127,6 +131,10 @@ class GrpoTrainer:
         )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def step(self, groups: Sequence[Sequence[Rollout]]) -> dict[str, float]:
         """One optimizer step on whole groups; returns loss/clip/grad-norm/throughput metrics."""
         started = time.perf_counter()
@@ -141,7 +149,7 @@ class GrpoTrainer:
         tokens_seen = 0
         for start in range(0, len(rollouts), self.cfg.micro_batch_size):
             part = rollouts[start : start + self.cfg.micro_batch_size]
-            batch = pack(part, advantages[start : start + len(part)], self.pad_id)
+            batch = pack(part, advantages[start : start + len(part)], self.pad_id).to(self.device)
             logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask)
             old = logp.detach() if self.cfg.old_logprobs == "policy" else batch.engine_logp
             loss, stats = policy_loss(logp, old, batch.advantages, batch.loss_mask, self.cfg.eps_low,

@@ -208,7 +208,7 @@ def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
         if params.engine == "hf":
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path).to(params.device)
         engine = engine_factory(params.model_copy(update={"model_path": path}))(model, tokenizer)
         episodes = asyncio.run(_with_pool(cfg, lambda pool: run_rollouts(
             engine, tokenizer, pool, envs, params.episode.rollout_config(params.seed), params.samples,
@@ -235,7 +235,7 @@ def eval_job(params: EvalParams) -> dict[str, Any]:
         if params.engine == "hf":
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path).to(params.device)
         engine = engine_factory(params.model_copy(update={"model_path": path}))(model, tokenizer)
         eval_cfg = EvalConfig(samples=params.samples, concurrency=params.concurrency,
                               rollout=params.episode.rollout_config(params.seed))
@@ -268,7 +268,7 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
         out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
         delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
         checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
-        concurrency=params.concurrency, seed=params.seed, rollout=params.episode.rollout_config(params.seed),
+        concurrency=params.concurrency, seed=params.seed, device=params.device, rollout=params.episode.rollout_config(params.seed),
         grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs),
     )
     factory = engine_factory(params.model_copy(update={"model_path": path}))

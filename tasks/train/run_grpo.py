@@ -50,6 +50,7 @@ class GrpoRunConfig:
     concurrency: int = 32
     in_flight_groups: int = 4
     seed: int = 0
+    device: str = "cpu"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
 
@@ -64,13 +65,13 @@ class GrpoSummary:
     metrics: list[dict[str, float]]
 
 
-def load_policy(model_path: str | Path, manager: CheckpointManager) -> tuple[Any, Any, Any, str]:
+def load_policy(model_path: str | Path, manager: CheckpointManager, device: str = "cpu") -> tuple[Any, Any, Any, str]:
     """(model, tokenizer, saved-or-None, source path): the newest resumable checkpoint, else `model_path`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     saved = manager.latest_resumable()
     source = str(saved.path) if saved else str(model_path)
-    model = AutoModelForCausalLM.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source).to(device)
     tokenizer = AutoTokenizer.from_pretrained(source)
     return model, tokenizer, saved, source
 
@@ -112,7 +113,7 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
     out = Path(cfg.out_dir)
     experiment = out.name
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
-    model, tokenizer, saved, source = load_policy(model_path, manager)
+    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device)
     trainer = GrpoTrainer(model, tokenizer, cfg.grpo)
     step, cursor = 0, 0
     if saved is not None:

@@ -37,6 +37,7 @@ class SftConfig:
     checkpoint_every: int = 50
     keep_optimizer: int = 2
     seed: int = 0
+    device: str = "cpu"
 
 
 @dataclass
@@ -114,7 +115,7 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
     saved = manager.latest_resumable()
     source = str(saved.path) if saved else str(model_path)
-    model = AutoModelForCausalLM.from_pretrained(source)
+    model = AutoModelForCausalLM.from_pretrained(source).to(cfg.device)
     tokenizer = AutoTokenizer.from_pretrained(source)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     encoded = [encode(tokenizer, ex, cfg.max_length) for ex in load_examples(data_path)]
@@ -140,7 +141,8 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
         random.Random(cfg.seed + epoch).shuffle(order)  # same order on resume
         chunk = [rows[i] for i in order[offset * cfg.batch_size : (offset + 1) * cfg.batch_size]]
         started = time.perf_counter()
-        ids, attn, target = _collate(chunk, pad_id)
+        device = next(model.parameters()).device
+        ids, attn, target = (t.to(device) for t in _collate(chunk, pad_id))
         optimizer.zero_grad(set_to_none=True)
         loss, tokens = sft_loss(model, ids, attn, target)
         loss.backward()
