@@ -62,11 +62,7 @@ class _WorkerGone(Exception):
 
 
 FLUSH_HIGH_WATER = 1 << 20
-
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(asyncio.TimeoutError())
+WATCH_TICK_S = 0.25
 
 
 class _Worker:
@@ -84,7 +80,9 @@ class _Worker:
         self.info: dict[str, Any] = {}
         self.outbuf: list[bytes] = []
         self.flush_scheduled = False
+        self.deadlines: dict[int, float] = {}
         self.reader = asyncio.get_running_loop().create_task(self._read())
+        self.watcher = asyncio.get_running_loop().create_task(self._watch())
 
     async def _read(self) -> None:
         why = "the worker closed its output"
@@ -121,14 +119,15 @@ class _Worker:
         loop = asyncio.get_running_loop()
         rid = next(self.ids)
         msg["id"] = rid
+        data = (json.dumps(msg, ensure_ascii=False) + "\n").encode()  # TypeError/ValueError: not JSON
         fut: asyncio.Future[dict] = loop.create_future()
         self.pending[rid] = fut
+        self.deadlines[rid] = loop.time() + timeout
         # requests written in the same loop iteration go out as one write (fewer syscalls and engine frames)
-        self.outbuf.append((json.dumps(msg, ensure_ascii=False) + "\n").encode())
+        self.outbuf.append(data)
         if not self.flush_scheduled:
             self.flush_scheduled = True
             loop.call_soon(self._flush)
-        timer = loop.call_later(timeout, _expire, fut)
         try:
             if self.transport.buffered() > FLUSH_HIGH_WATER:
                 await self.transport.drain()
@@ -137,8 +136,19 @@ class _Worker:
             self._mark_dead(f"writing to the worker failed: {err!r}")
             raise _WorkerGone(self.death) from err
         finally:
-            timer.cancel()
             self.pending.pop(rid, None)
+            self.deadlines.pop(rid, None)
+
+    async def _watch(self) -> None:
+        """Fail requests past their deadline (one sweep per tick is cheaper than a timer per call)."""
+        loop = asyncio.get_running_loop()
+        while self.alive:
+            await asyncio.sleep(WATCH_TICK_S)
+            now = loop.time()
+            for rid, deadline in list(self.deadlines.items()):
+                fut = self.pending.get(rid)
+                if now > deadline and fut is not None and not fut.done():
+                    fut.set_exception(asyncio.TimeoutError())
 
     def _flush(self) -> None:
         self.flush_scheduled = False
@@ -153,6 +163,7 @@ class _Worker:
     async def kill(self, why: str) -> None:
         self._mark_dead(why)
         self.reader.cancel()
+        self.watcher.cancel()
         await self.transport.kill()
 
 
@@ -352,10 +363,6 @@ class Pool:
             raise SandboxError("the sandbox pool is shut down")
         started = time.monotonic()
         timeout = float(timeout_s or self.cfg.call_timeout_s)
-        try:
-            json.dumps(args or {})
-        except (TypeError, ValueError) as err:
-            return ToolObservation(outcome="error", error=f"TypeError: arguments are not JSON: {err}")
         async with session.lock:
             if started - session.opened_at > self.cfg.session_timeout_s:
                 return ToolObservation(
@@ -380,6 +387,8 @@ class Pool:
                 msg = {"op": "call", "sid": session.id, "tool": tool, "args": args or {}, "timeout": timeout}
                 try:
                     reply = await worker.request(msg, timeout=timeout + GRACE_S + self.cfg.open_timeout_s)
+                except (TypeError, ValueError) as err:
+                    return ToolObservation(outcome="error", error=f"TypeError: arguments are not JSON: {err}")
                 except _WorkerGone as err:
                     session.resets += 1
                     return ToolObservation(
