@@ -17,6 +17,7 @@ return it unchanged.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -52,11 +53,13 @@ class Field_:
         return humanize(self.name)
 
 
+@functools.lru_cache(maxsize=65536)
 def humanize(name: str) -> str:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
     return re.sub(r"[^a-zA-Z0-9]+", " ", spaced).strip().lower()
 
 
+@functools.lru_cache(maxsize=65536)
 def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
@@ -93,6 +96,7 @@ def param_fields(tool: Tool) -> list[Field_]:
     return [Field_(n, _type_of(s), n in required) for n, s in (params.get("properties") or {}).items()]
 
 
+@functools.lru_cache(maxsize=65536)
 def id_like(name: str) -> bool:
     return bool(_ID_LIKE.search(humanize(name).replace(" ", "_")))
 
@@ -292,15 +296,16 @@ def record_uses(wh: Warehouse, walked: Sequence[tuple[str, str, str]]) -> int:
 def load_servers(wh: Warehouse, names: Sequence[str] | None = None) -> tuple[list[Server], dict[str, list[Tool]]]:
     """Servers (latest record per name) and their tools, in two queries."""
     servers: dict[str, Server] = {}
-    for s in wh.load(Server):
-        if not names or s.name in names:
-            servers[s.name] = s
+    where, params = ("record->>'name' = ANY(?)", [list(names)]) if names else ("", [])
+    for s in wh.load(Server, where=where, params=params):
+        servers[s.name] = s
     if names:
         missing = sorted(set(names) - set(servers))
         if missing:
             raise InputError(f"unknown server(s): {', '.join(missing)}; see `arenaforge db show v_servers`")
     tools: dict[str, dict[str, Tool]] = {n: {} for n in servers}
-    for t in wh.load(Tool):
+    where, params = ("record->>'server' = ANY(?)", [list(names)]) if names else ("", [])
+    for t in wh.load(Tool, where=where, params=params):
         if t.server in servers and t.function.name in servers[t.server].tool_names:
             tools[t.server][t.function.name] = t
     return list(servers.values()), {n: [ts[k] for k in sorted(ts)] for n, ts in tools.items()}
