@@ -26,7 +26,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,7 @@ class _Worker:
         self.outbuf: list[bytes] = []
         self.flush_scheduled = False
         self.deadlines: dict[int, float] = {}
+        self.on_dead: Callable[[_Worker], None] | None = None
         self.reader = asyncio.get_running_loop().create_task(self._read())
         self.watcher = asyncio.get_running_loop().create_task(self._watch())
 
@@ -112,6 +113,8 @@ class _Worker:
             if not fut.done():
                 fut.set_exception(_WorkerGone(why))
         self.pending.clear()
+        if self.on_dead is not None:
+            self.on_dead(self)
 
     async def request(self, msg: dict[str, Any], timeout: float) -> dict:
         if not self.alive:
@@ -268,6 +271,7 @@ class Pool:
             try:
                 reply = await worker.request({"op": "hello", "limits": self._limits()}, timeout=30)
                 worker.info = reply.get("info", {})
+                worker.on_dead = self._on_worker_dead
                 return worker
             except (asyncio.TimeoutError, _WorkerGone) as err:
                 last = err
@@ -305,12 +309,15 @@ class Pool:
         dead = [i for i, w in enumerate(self.workers) if w is None or not w.alive]
         return await self._worker(dead[0])
 
+    def _on_worker_dead(self, worker: _Worker) -> None:
+        """A worker died (crash, OOM kill, container removed): start its replacement right away."""
+        if not self._closed and self.workers[worker.index] is worker:
+            asyncio.get_running_loop().create_task(self._replace_quietly(worker.index))
+
     async def _retire(self, worker: _Worker, why: str) -> None:
         if worker.alive:
             log.warning("killing sandbox worker %s: %s", worker.name, why)
             await worker.kill(why)
-        if not self._closed:  # start its replacement now rather than on the next open
-            asyncio.get_running_loop().create_task(self._replace_quietly(worker.index))
 
     async def _replace_quietly(self, index: int) -> None:
         try:
