@@ -1,12 +1,13 @@
-"""The Prefect UI in real headless Chromium: every deployment listed, a custom training run
-started from the "Run > Custom run" form completes and its rows land in DuckDB, and a wrong
-value in the form is refused before any run exists.
+"""The Prefect UI in real headless Chromium: every deployment listed, a `train-sft` run started
+from the "Run > Custom run" form with custom parameters completes and its training steps land
+in DuckDB, and a wrong value in the form is refused before any run exists.
 
 Set ARENAFORGE_UPDATE_SCREENSHOT=1 to refresh docs/ui-deployments.png (the README's screenshot).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -42,12 +43,20 @@ def browser() -> Any:
             b.close()
 
 
-def _field(page: Any, label: str) -> Any:
-    """The input of the schema-form field whose label is `label` (innermost match)."""
+def _field(page: Any, label: str, union: str | None = None) -> Any:
+    """The input of the schema-form field labelled `label` (innermost match); for an optional
+    field shown as a str/None switch, pick `union` first."""
     prop = page.locator(".schema-form-property").filter(
         has=page.locator(".schema-form-property__label").get_by_text(label, exact=True)
-    )
-    return prop.last.locator("input, textarea").first
+    ).last
+    if union:
+        prop.get_by_role("button", name=union, exact=True).click()
+    return prop.locator("input, textarea").first
+
+
+def _labels(run: Any) -> set[str]:
+    params = run.parameters.get("params") or {}
+    return {str(params.get("tag")), str(params.get("experiment"))}
 
 
 def _wait_for_runs(served: Any, tag: str, n: int, timeout_s: float = 30) -> list[Any]:
@@ -56,7 +65,7 @@ def _wait_for_runs(served: Any, tag: str, n: int, timeout_s: float = 30) -> list
     deadline = time.monotonic() + timeout_s
     with served.client_settings(), get_client(sync_client=True) as client:
         while True:
-            runs = [r for r in client.read_flow_runs() if (r.parameters.get("params") or {}).get("tag") == tag]
+            runs = [r for r in client.read_flow_runs() if tag in _labels(r)]
             if len(runs) >= n or time.monotonic() > deadline:
                 return runs
             time.sleep(0.2)  # polling the API with a deadline
@@ -71,37 +80,56 @@ def _open_custom_run(page: Any, ui: str, deployment: str) -> None:
     page.wait_for_url(re.compile(r"/run(\?|$)"))
 
 
-def test_ui_lists_deployments_and_starts_a_custom_run(served: Any, browser: Any, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory: Any) -> Path:
+    data = tmp_path_factory.mktemp("ui-sft") / "sft.jsonl"
+    example = {"messages": [{"role": "user", "content": "weather in Oslo?"}, {"role": "assistant", "content": "sunny"}]}
+    data.write_text(json.dumps(example) + "\n")
+    return data
+
+
+def _fill_train_sft(page: Any, data: Path, experiment: str, epochs: str) -> None:
+    _field(page, "Data").fill(str(data))
+    _field(page, "Experiment (Optional)").fill(experiment)
+    _field(page, "Out Dir (Optional)", union="str").fill(str(data.parent / "out"))
+    _field(page, "Epochs (Optional)").fill(epochs)
+
+
+def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, browser: Any, sft_data: Path, tmp_path: Path) -> None:
     from playwright.sync_api import expect
+
+    from schemas.kinds_training import TrainStep
 
     ui = served.ui_url()
     page = browser.new_page(viewport={"width": 1400, "height": 800})
-    page.set_default_timeout(30_000)
+    page.set_default_timeout(60_000)
 
     # every deployment is listed
     page.goto(f"{ui}/deployments")
     for name in served_flows():
         expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
 
-    # a custom run from the form: non-default parameters
-    _open_custom_run(page, ui, "probe")
-    _field(page, "Tag (Optional)").fill("ui-run")
-    _field(page, "N (Optional)").fill("4")
+    # train-sft from Run > Custom run, with non-default parameters
+    _open_custom_run(page, ui, "train-sft")
+    _fill_train_sft(page, sft_data, "ui-sft", "2")
     page.get_by_role("button", name="Submit").click()
     expect(page.get_by_text("scheduled to start").first).to_be_visible()
-    (run,) = _wait_for_runs(served, "ui-run", 1)  # exactly one run for one Submit
+    (run,) = _wait_for_runs(served, "ui-sft", 1)  # exactly one run for one Submit
     page.goto(f"{ui}/runs/flow-run/{run.id}")  # watch it in the UI
-    expect(page.get_by_text("Completed").first).to_be_visible(timeout=150_000)
-    (run,) = _wait_for_runs(served, "ui-run", 1)
-    assert run.state.is_completed() and run.parameters["params"]["n"] == 4
-    _, rows = served.warehouse.query(
-        "SELECT record->>'subject' FROM rejections WHERE record->>'subject' LIKE 'ui-run-%' ORDER BY 1"
-    )
-    assert [r[0] for r in rows] == [f"ui-run-{i}" for i in range(4)]
+    expect(page.get_by_text("Completed").first).to_be_visible(timeout=240_000)
+    (run,) = _wait_for_runs(served, "ui-sft", 1)
+    assert run.state.is_completed(), run.state
+    assert run.parameters["params"]["epochs"] == 2 and run.parameters["params"]["data"] == str(sft_data)
 
-    # the README screenshot: the deployments page with the run's activity
+    # its rows are in DuckDB: two optimisation steps of experiment ui-sft, under a completed warehouse run
+    steps = [s for s in served.warehouse.load(TrainStep) if s.experiment == "ui-sft"]
+    assert sorted(s.step for s in steps) == [1, 2] and {s.algorithm for s in steps} == {"sft"}
+    _, runs = served.warehouse.query("SELECT status FROM v_runs WHERE id = ?", [steps[0].run_id])
+    assert runs == [("completed",)]
+
+    # the README screenshot: the deployments page, with the run's activity
     page.goto(f"{ui}/deployments")
-    expect(page.get_by_role("link", name="probe", exact=True).first).to_be_visible()
+    expect(page.get_by_role("link", name="train-sft", exact=True).first).to_be_visible()
     shot = tmp_path / "ui-deployments.png"
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
@@ -109,20 +137,15 @@ def test_ui_lists_deployments_and_starts_a_custom_run(served: Any, browser: Any,
         shutil.copy(shot, REPO / "docs" / "ui-deployments.png")
 
 
-def test_ui_refuses_a_wrong_parameter_before_any_run(served: Any, browser: Any) -> None:
+def test_ui_refuses_a_wrong_parameter_before_any_run(served: Any, browser: Any, sft_data: Path) -> None:
     from playwright.sync_api import expect
 
     ui = served.ui_url()
     page = browser.new_page(viewport={"width": 1400, "height": 800})
-    page.set_default_timeout(30_000)
-    _open_custom_run(page, ui, "probe")
-    _field(page, "Tag (Optional)").fill("ui-bad")
-    _field(page, "N (Optional)").fill("0")
+    page.set_default_timeout(60_000)
+    _open_custom_run(page, ui, "train-sft")
+    _fill_train_sft(page, sft_data, "ui-bad", "0")
     page.get_by_role("button", name="Submit").click()
-    expect(page.get_by_text("Validation failed for field 'params.n'").first).to_be_visible()
+    expect(page.get_by_text("Validation failed for field 'params.epochs'").first).to_be_visible()
     assert re.search(r"/run(\?|$)", page.url), "the form must stay open"
-    from prefect.client.orchestration import get_client
-
-    with served.client_settings(), get_client(sync_client=True) as client:
-        runs = client.read_flow_runs()
-    assert not [r for r in runs if (r.parameters.get("params") or {}).get("tag") == "ui-bad"]
+    assert _wait_for_runs(served, "ui-bad", 1, timeout_s=2) == []
