@@ -46,7 +46,30 @@ def load_schema(kind: str) -> dict[str, Any]:
 
 @lru_cache(maxsize=None)
 def validator(kind: str) -> Draft202012Validator:
-    return Draft202012Validator(load_schema(kind), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    # Validating against the schema with its local $refs inlined checks the same constraints about
+    # twice as fast (jsonschema resolves every $ref on every descent); records are validated at
+    # every warehouse write, so this is on the hot path of each stage.
+    return Draft202012Validator(inline_refs(load_schema(kind)), format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with every non-recursive `#/$defs/...` reference replaced by its definition."""
+    defs = schema.get("$defs") or {}
+
+    def walk(node: Any, stack: tuple[str, ...]) -> Any:
+        if isinstance(node, list):
+            return [walk(v, stack) for v in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/$defs/") and ref[8:] in defs and ref[8:] not in stack:
+            name = ref[8:]
+            body = walk(defs[name], (*stack, name))
+            rest = {k: walk(v, stack) for k, v in node.items() if k != "$ref"}
+            return {"allOf": [body], **rest} if rest else body
+        return {k: (v if k == "$defs" else walk(v, stack)) for k, v in node.items()}
+
+    return walk(schema, ())
 
 
 def describe_error(err: jsonschema.ValidationError) -> str:

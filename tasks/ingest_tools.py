@@ -218,6 +218,13 @@ def check_schema_fast(schema: Any) -> str | None:
             children += [(f"{key}/{i}", v) for i, v in enumerate(value)]
         elif key in _ANNOTATIONS and isinstance(value, str):
             shallow[key] = ""
+        elif key == "required" and isinstance(value, list) and all(isinstance(v, str) for v in value) \
+                and len(set(value)) == len(value):
+            shallow[key] = [f"p{i}" for i in range(len(value))]  # only shape and uniqueness matter here
+        elif key in ("default", "const"):
+            shallow[key] = None  # any JSON value is valid here
+        elif key == "examples" and isinstance(value, list):
+            shallow[key] = []
         else:
             shallow[key] = value
     problem = _check_node(canonical_json(shallow))

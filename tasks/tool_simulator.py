@@ -280,11 +280,26 @@ class SchemaSimulator(_SimulatorBase):
         return value
 
 
+_PY_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
+                                          "boolean": (bool,), "null": (type(None),)}
+
+
 def output_problem_for(schema: Any, value: Any) -> str | None:
+    """Whether a remembered scalar may fill a field: its type and enum (the whole answer is validated later)."""
     if not isinstance(schema, dict) or not schema:
         return None
-    err = jsonschema.exceptions.best_match(Draft202012Validator(schema).iter_errors(value))
-    return None if err is None else err.message
+    if isinstance(schema.get("enum"), list) and value not in schema["enum"]:
+        return "not in enum"
+    t = schema.get("type")
+    allowed = _PY_TYPES.get(t) if isinstance(t, str) else None
+    if allowed is not None and (not isinstance(value, allowed) or (isinstance(value, bool) and t != "boolean")):
+        return f"not a {t}"
+    if isinstance(value, str) and (len(value) < schema.get("minLength", 0) or len(value) > schema.get("maxLength", 1 << 30)):
+        return "length out of bounds"
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not (
+            schema.get("minimum", float("-inf")) <= value <= schema.get("maximum", float("inf"))):
+        return "out of bounds"
+    return None
 
 
 def _default_returns(tool: Tool) -> dict[str, Any]:

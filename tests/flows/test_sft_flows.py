@@ -1,0 +1,64 @@
+"""SFT flows through the CLI: ingest -> graph build -> sft synth (with export) -> graph show, on the sample corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from flows.cli import app
+from flows.registry import FLOWS, load_flow
+from schemas.models import JudgeScore, Run, Server, Trajectory
+
+SAMPLE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "sample_tools"
+
+
+def _run(db: Path, *args: str) -> str:
+    result = CliRunner().invoke(app, ["--db", str(db), *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _json(output: str) -> dict:
+    return json.loads(output[output.index("{"): output.rindex("}") + 1])
+
+
+def test_sft_flows_are_registered_with_one_params_model():
+    from flows.deployments import params_model
+
+    for name in ("ingest", "graph", "sft"):
+        assert FLOWS[name] == f"flows.sft_flows:{name}"
+        flow = load_flow(name)
+        assert flow.name == name and params_model(flow) is not None
+
+
+def test_ingest_graph_sft_export_and_show_end_to_end(tmp_warehouse, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARENAFORGE_SFT__USE_EMBEDDINGS", "false")
+    monkeypatch.setenv("ARENAFORGE_OUT_DIR", str(tmp_path / "out"))
+    db = tmp_warehouse.path
+    counts = _json(_run(db, "ingest", str(SAMPLE)))
+    assert counts["tools"] == 14 and counts["servers"] == 4 and counts["rejections"] == 4
+    graph = _json(_run(db, "graph", "build"))
+    assert graph["servers"] == 4 and graph["edges"] > 5
+    synth = _json(_run(db, "sft", "synth", "--seed", "3", "--export", str(tmp_path / "sft")))
+    assert synth["trajectories"] == synth["accepted_tasks"] > 0 and synth["scored"] == synth["trajectories"]
+    assert synth["exported"] == synth["kept"] > 0
+    assert (tmp_path / "sft" / "sft.parquet").exists() and (tmp_path / "sft" / "sft_stats.json").exists()
+    runs = {r.flow: r for r in tmp_warehouse.load(Run)}
+    assert {f: r.status for f, r in runs.items()} == {"ingest": "completed", "graph": "completed", "sft": "completed"}
+    assert runs["sft"].counts["trajectories"] == synth["trajectories"]
+    assert len(tmp_warehouse.load(Trajectory)) == synth["trajectories"]
+    assert len(tmp_warehouse.load(JudgeScore)) == synth["scored"]
+    assert {s.name for s in tmp_warehouse.load(Server)} == {"shop", "weather", "calendar", "notes"}
+
+    shown = _run(db, "graph", "show", "shop", "--out", str(tmp_path / "shop.png"))
+    assert "checkout" in shown and (tmp_path / "shop.png").read_bytes()[:4] == b"\x89PNG"
+    exported = _json(_run(db, "sft", "export", "--out", str(tmp_path / "all")))
+    assert exported["samples"] == synth["kept"]
+
+
+def test_ingest_without_inputs_is_a_one_line_error(tmp_warehouse):
+    result = CliRunner().invoke(app, ["--db", str(tmp_warehouse.path), "ingest"])
+    assert result.exit_code != 0
+    assert "at least one PATH" in str(result.exception) or "at least one PATH" in result.output
