@@ -20,6 +20,7 @@ from schemas.config import Config
 from schemas.models import Rejection, Server, Task, Tool, ToolChain, Trajectory
 from tasks import export_sft, ingest_tools, judge_trajectories, score_queries, sft_agent, synthesize_queries, tool_graph
 from tasks.models import ChatModel, chat_model
+from tasks.tool_simulator import has_code, simulator_factory
 from warehouse.db import Warehouse
 
 
@@ -120,12 +121,22 @@ def run_trajectories(cfg: Config, wh: Warehouse, run_id: str | None, task_ids: S
     chains = {c.id: c for c in wh.load(ToolChain, where="id = ANY(?)", params=[chain_ids])} if chain_ids else {}
     server_list, tools = tool_graph.load_servers(wh, sorted({t.server for t in tasks})) if tasks else ([], {})
     servers = {s.name: s for s in server_list}
-    with model_scope(cfg, wh, run_id) as model:
-        agent = sft_agent.agent_for(cfg, model)
-        from tasks.tool_simulator import simulator_factory
+    needs_sandbox = any(has_code(tools[s]) and not servers[s].launch for s in servers)
 
-        batch = asyncio.run(sft_agent.run_episodes(tasks, servers, tools, chains, agent, simulator_factory(cfg, model),
-                                                   cfg, seed, run_id, provenance(cfg, seed)))
+    async def go(model: ChatModel | None) -> sft_agent.TrajectoryBatch:
+        from environments.runtime import create_pool  # the sandbox runtime, only when some tools have code
+
+        pool = await create_pool(cfg.sandbox) if needs_sandbox else None
+        try:
+            return await sft_agent.run_episodes(tasks, servers, tools, chains, sft_agent.agent_for(cfg, model),
+                                                simulator_factory(cfg, model), cfg, seed, run_id,
+                                                provenance(cfg, seed), sandbox_pool=pool)
+        finally:
+            if pool is not None:
+                await pool.shutdown()
+
+    with model_scope(cfg, wh, run_id) as model:
+        batch = asyncio.run(go(model))
     wh.upsert([*batch.trajectories, *_stamp(batch.rejections, run_id)])
     tool_graph.record_uses(wh, batch.walked)
     rate = batch.faults / batch.calls if batch.calls else 0.0

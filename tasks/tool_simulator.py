@@ -27,7 +27,7 @@ import jsonschema
 from jsonschema import Draft202012Validator
 
 from schemas.config import Config
-from schemas.errors import ParseError, ProviderError
+from schemas.errors import ParseError, ProviderError, SandboxError
 from schemas.models import Rejection, Server, Tool, ToolObservation
 from tasks.mcp_client import McpServerError, McpSession
 from tasks.models import ChatModel, complete_json
@@ -388,17 +388,28 @@ async def open_executor(server: Server, tools: Sequence[Tool], make_simulator: S
                                                      detail=str(err), environment_failure=True))
             yield fallback
             return
-    if sandbox_pool is not None and tools and all(t.code for t in tools):
-        env = _sandbox_environment(server, tools)
-        session = await sandbox_pool.open(env)
+    if sandbox_pool is not None and has_code(tools):
+        from environments.runtime import EnvLoadError
+
+        try:
+            session = await sandbox_pool.open(_sandbox_environment(server, tools))
+        except (EnvLoadError, SandboxError) as err:
+            fallback = make_simulator(tools, rng, subject)
+            fallback.log.rejections.append(Rejection(stage="trajectory", subject=subject, reason="sandbox_unavailable",
+                                                     detail=str(err)[:1000], environment_failure=True))
+            yield fallback
+            return
         try:
             yield SandboxExecutor(sandbox_pool, session)
         finally:
-            close = getattr(sandbox_pool, "close_session", None) or getattr(sandbox_pool, "close", None)
-            if close is not None and close is not getattr(sandbox_pool, "close", None):
-                await close(session)
+            await sandbox_pool.close(session)
         return
     yield make_simulator(tools, rng, subject)
+
+
+def has_code(tools: Sequence[Tool]) -> bool:
+    """Whether the server's tools are all implemented in code (then they run in the sandbox)."""
+    return bool(tools) and all(t.code for t in tools)
 
 
 def _sandbox_environment(server: Server, tools: Sequence[Tool]) -> Any:

@@ -187,3 +187,30 @@ def test_openai_backend_end_to_end_against_the_scripted_endpoint(scripted_openai
     assert c["trajectory_rejections"] > 0
     reasons = {r.reason for r in wh.load(Rejection, where="run_id = 'run-b'")}
     assert "simulator_failed" in reasons
+
+
+def test_tools_with_code_run_in_the_sandbox(tmp_warehouse, tmp_path, monkeypatch):
+    server = {"name": "units", "title": "Unit converter", "description": "Convert lengths.", "domain": "science", "tools": [
+        {"name": "km_to_miles", "description": "Convert a distance in kilometres to miles.",
+         "parameters": {"type": "object", "properties": {"km": {"type": "number", "minimum": 0, "maximum": 100}}, "required": ["km"]},
+         "returns": {"type": "object", "properties": {"miles": {"type": "number"}}, "required": ["miles"]},
+         "code": "def km_to_miles(km):\n    return {'miles': round(km * 0.621371, 3)}"},
+        {"name": "round_miles", "description": "Round a number of miles to whole miles.",
+         "parameters": {"type": "object", "properties": {"miles": {"type": "number"}}, "required": ["miles"]},
+         "returns": {"type": "object", "properties": {"rounded": {"type": "integer"}}, "required": ["rounded"]},
+         "code": "def round_miles(miles):\n    return {'rounded': int(round(miles))}"}]}
+    (tmp_path / "units.json").write_text(json.dumps(server))
+    cfg = Config(sft=SftConfig(use_embeddings=False, augmentations=[]), sandbox={"backend": "process", "pool_size": 1})
+    wh = tmp_warehouse
+    sft_stages.ingest(cfg, wh, "r", [str(tmp_path)])
+    sft_stages.build_graphs(cfg, wh, "r")
+    chains, _ = sft_stages.sample_chains(cfg, wh, "r", seed=0)
+    task_ids, _ = sft_stages.synthesize_tasks(cfg, wh, "r", chains, seed=0)
+    _, counts = sft_stages.run_trajectories(cfg, wh, "r", task_ids, seed=0)
+    trajectories = wh.load(Trajectory)
+    assert counts["trajectories"] == len(task_ids) > 0 and {t.executor for t in trajectories} == {"sandbox"}
+    chained = next(t for t in trajectories if t.tool_calls == 2)
+    results = [json.loads(m.content) for m in chained.messages if m.role == "tool"]
+    call = json.loads(chained.messages[2].tool_calls[0].function.arguments)
+    assert results[0] == {"miles": round(call["km"] * 0.621371, 3)}
+    assert results[1] == {"rounded": int(round(results[0]["miles"]))}  # the agent passed the real output on
