@@ -34,6 +34,7 @@ import random
 import re
 from dataclasses import dataclass
 from decimal import Decimal
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from schemas.base import Provenance
@@ -65,8 +66,13 @@ class QABatch:
     rejections: list[Rejection]
 
 
+OnInstance = Callable[[QAInstance], None]
+
+
 class QASynthesizer(Protocol):
-    async def synthesize(self, source: KnowledgeSource, spec: QASpec) -> QABatch: ...
+    async def synthesize(self, source: KnowledgeSource, spec: QASpec, on_instance: OnInstance | None = None) -> QABatch:
+        """Instances for `spec`; `on_instance` sees each one as soon as it exists (to start verifying it)."""
+        ...
 
 
 # --------------------------------------------------------------------------- graph helpers
@@ -213,7 +219,7 @@ class OfflineQASynthesizer:
     def __init__(self, attempts_per_instance: int = 8) -> None:
         self.attempts = attempts_per_instance
 
-    async def synthesize(self, source: KnowledgeSource, spec: QASpec) -> QABatch:
+    async def synthesize(self, source: KnowledgeSource, spec: QASpec, on_instance: OnInstance | None = None) -> QABatch:
         rng = random.Random(f"{spec.seed}:{source.name}")
         allowed = [s for s in spec.structures if _structure_fits(s, spec)]
         out: dict[str, QAInstance] = {}
@@ -240,6 +246,8 @@ class OfflineQASynthesizer:
                     payload={"structure": structure, "seed_question": seed_q}))
                 continue
             out[made.id] = made.model_copy(update={"provenance": prov})
+            if on_instance is not None:
+                on_instance(out[made.id])
         return QABatch(list(out.values()), rejections)
 
     # ------------------------------------------------------------------ building blocks
@@ -271,7 +279,7 @@ class OfflineQASynthesizer:
             resolved = _run_chain(source, path, final, x0, subs)
             if resolved is not None:
                 ends.append((x0, resolved))
-            if len(ends) >= 3 * width:
+            if len(ends) >= (width + 2 if width > 1 else 1):  # spares let parallel chains differ
                 break
         made = _compose(source.name, structure, path, final, start, ends, subs, mode, seed_q)
         if made is None or made.structure != structure or not spec.min_hops <= made.hop_level <= spec.max_hops:
@@ -368,14 +376,23 @@ def _start_values(source: KnowledgeSource, table: str, path: list[Link], final: 
                   rng: random.Random) -> list[Any] | None:
     key = source.tables[table].key
     if final.op != "lookup" and not path:
-        key = final.by
-        rows = source.query(f'SELECT DISTINCT "{key}" FROM "{final.table}" WHERE "{key}" IS NOT NULL ORDER BY 1')
+        values = _distinct(source, final.table, final.by)
     else:
-        rows = source.query(f'SELECT "{key}" FROM "{table}" ORDER BY 1')
-    values = [r[0] for r in rows]
+        values = _distinct(source, table, key or "")
     if len(values) < width:
         return None
     return rng.sample(values, min(len(values), width * 8))
+
+
+_DISTINCT: dict[tuple[int, str, str], list[Any]] = {}
+
+
+def _distinct(source: KnowledgeSource, table: str, column: str) -> list[Any]:
+    key = (id(source.con), table, column)
+    if key not in _DISTINCT:
+        rows = source.query(f'SELECT DISTINCT "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL ORDER BY 1')
+        _DISTINCT[key] = [r[0] for r in rows]
+    return _DISTINCT[key]
 
 
 def _scalar(source: KnowledgeSource, sql: str) -> Any:
@@ -523,7 +540,7 @@ class OpenAIQASynthesizer:
         self.model = model
         self.prompt = load_prompt("envs_decompose")
 
-    async def synthesize(self, source: KnowledgeSource, spec: QASpec) -> QABatch:
+    async def synthesize(self, source: KnowledgeSource, spec: QASpec, on_instance: OnInstance | None = None) -> QABatch:
         from tasks.models import complete_json
 
         rng = random.Random(f"{spec.seed}:{source.name}")
@@ -549,7 +566,10 @@ class OpenAIQASynthesizer:
             except ProviderError as err:
                 return Rejection(stage="decompose_qa", subject=subject, reason="provider_error", detail=str(err),
                                  environment_failure=True)
-            return _from_model(source, answer, seed_q, subject, self.prompt.hash, getattr(self.model, "name", None))
+            made = _from_model(source, answer, seed_q, subject, self.prompt.hash, getattr(self.model, "name", None))
+            if on_instance is not None and isinstance(made, QAInstance):
+                on_instance(made)
+            return made
 
         results = await asyncio.gather(*(one(*job) for job in jobs))
         instances = {r.id: r for r in results if isinstance(r, QAInstance)}

@@ -28,7 +28,7 @@ from tasks.distractors import DistractorMix, Embedder, choose_distractors
 from tasks.knowledge import KnowledgeSource, load_source
 from tasks.merge_envs import GROUPERS, merge_environments
 from tasks.synthesize_env import TOOL_BUILDERS, EnvDraft, assemble, self_test, synthesize_environments
-from tasks.verify_qa import QA_JUDGES, KeepRule, verify_batch
+from tasks.verify_qa import QA_JUDGES, KeepRule, judge_one, verify_batch
 from warehouse.db import Warehouse
 
 
@@ -104,12 +104,18 @@ def synthesize_qas(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpe
         judge = QA_JUDGES[cfg.model.backend](model)
 
         async def go() -> Any:
+            started: dict[str, Any] = {}
+
+            def judge_soon(qa: QAInstance) -> None:  # verification starts while other instances are synthesized
+                if qa.id not in started:
+                    started[qa.id] = asyncio.ensure_future(judge_one(judge, qa, run_id))
+
             for source in sources.values():
                 rejections.extend(source.rejections)
-                batch = await synth.synthesize(source, spec.qa_spec(seed))
+                batch = await synth.synthesize(source, spec.qa_spec(seed), judge_soon)
                 instances.extend(batch.instances)
                 rejections.extend(batch.rejections)
-            return await verify_batch(judge, instances, spec.keep(), spec.min_hops, spec.max_hops, run_id)
+            return await verify_batch(judge, instances, spec.keep(), spec.min_hops, spec.max_hops, run_id, started)
 
         verdict = asyncio.run(go())
     if own:
@@ -125,7 +131,7 @@ def synthesize_qas(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpe
 
 def build_environments(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec, qa_ids: list[str],
                        sources: dict[str, KnowledgeSource] | None = None, embed: Embedder | None = None,
-                       pool: Any = None) -> dict[str, int]:
+                       pool: Any = None, timings: dict[str, float] | None = None) -> dict[str, int]:
     """Tools, sandbox verification, merging, distractors and self-test for one batch of QA ids."""
     if not qa_ids:
         return {"environments": 0}
@@ -135,7 +141,8 @@ def build_environments(cfg: Config, wh: Warehouse, run_id: str | None, spec: Env
     sources = load_sources(spec) if sources is None else sources
     try:
         with model_for(cfg, wh, run_id) as model:
-            return asyncio.run(_build(cfg, wh, run_id, spec, instances, sources, model, seed, embed, pool))
+            return asyncio.run(_build(cfg, wh, run_id, spec, instances, sources, model, seed, embed, pool,
+                                      timings if timings is not None else {}))
     finally:
         if own_sources:
             for source in sources.values():
@@ -150,11 +157,13 @@ def _load_qas(wh: Warehouse, ids: list[str]) -> list[QAInstance]:
 
 async def _build(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec, instances: list[QAInstance],
                  sources: dict[str, KnowledgeSource], model: Any, seed: int, embed: Embedder | None,
-                 pool: Any) -> dict[str, int]:
+                 pool: Any, timings: dict[str, float]) -> dict[str, int]:
     from environments.runtime import create_pool
 
+    clock = _Clock(timings)
     own_pool = pool is None
     pool = await create_pool(cfg.sandbox) if own_pool else pool
+    clock.lap("pool_start_s")
     rejections: list[Rejection] = []
     try:
         drafts: list[EnvDraft] = []
@@ -171,11 +180,14 @@ async def _build(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec,
             result = await synthesize_environments(builder, pool, qas, spec.max_attempts, run_id)
             drafts += result.drafts
             rejections += result.rejections
+        clock.lap("tools_verified_s")
         merges = []
         if spec.merge and len(drafts) > 1:
             merged = await merge_environments(GROUPERS[cfg.model.backend](model), pool, drafts, run_id)
             drafts, merges = merged.drafts, merged.merges
+        clock.lap("merge_s")
         chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed)
+        clock.lap("distractors_s")
         finals: list[tuple[EnvDraft, Environment, list[Any]]] = []
         for draft, pick in zip(drafts, chosen, strict=True):
             env = assemble(draft.qa, draft.tools, pick.tools, [t.name for t in pick.tools], None)
@@ -187,6 +199,7 @@ async def _build(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec,
                 return await self_test(pool, env, seed)
 
         tested = await asyncio.gather(*(test(env) for _, env, _ in finals))
+        clock.lap("self_test_s")
     finally:
         if own_pool:
             await pool.shutdown()
@@ -208,8 +221,23 @@ async def _build(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec,
         dsets.append(DistractorSet(env_id=final.id, mix=spec.mix().as_dict(), picks=picks, parents=[final.id, draft.qa.id],
                                    run_id=run_id))
     wh.upsert(envs + merges + dsets + _stamp(rejections, run_id))
+    clock.lap("write_s")
     return {"environments": len(envs), "env_rejections": len(rejections), "merges": sum(m.merged for m in merges),
             "merges_refused": sum(not m.merged for m in merges), "distractor_sets": len(dsets)}
+
+
+class _Clock:
+    def __init__(self, into: dict[str, float]) -> None:
+        import time
+
+        self._now = time.perf_counter
+        self.into = into
+        self.last = self._now()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.into[name] = self.into.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def chunks(ids: list[str], size: int) -> list[list[str]]:

@@ -27,7 +27,7 @@ from environments.reward import answer_matches
 from schemas.errors import ParseError, ProviderError
 from schemas.kinds_envs import EnvMerge, MergeMember
 from tasks.prompts import load_prompt
-from tasks.synthesize_env import BuildError, EnvDraft, ToolImpl, check_environment, merge_data
+from tasks.synthesize_env import BuildError, EnvDraft, ToolImpl, merge_data
 
 
 class Grouper(Protocol):
@@ -123,6 +123,58 @@ def _partition(group: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolIm
     return [s for s in subsets if len(s) >= 2]
 
 
+def _without_foreign_answers(data: Any, members: list[ToolImpl]) -> Any:
+    """Keyed records other than the members' gold ones, minus those that would answer a member's question."""
+    if not isinstance(data, dict):
+        return data
+    golds = [c.answer or "" for t in members for c in t.calls]
+    gold_keys = {str(v) for t in members for c in t.calls for v in c.arguments.values()}
+    return {k: v for k, v in data.items()
+            if k in gold_keys or not any(answer_matches(g, json.dumps(v)) for g in golds)}
+
+
+async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolImpl]]) -> list[str]:
+    """Re-verify every QA a merged tool serves, in one session of the tool alone.
+
+    Each member's gold calls must still return its answer; every other valid argument (all
+    members' probes and the other members' gold calls) must return none of a member's answers
+    unless it is that member's own gold call. Tools are independent functions over their own
+    DATA entry, so checking the tool alone is checking it in every environment that uses it.
+    """
+    from environments.runtime import EnvLoadError
+
+    from schemas.models import Environment
+
+    golds = [(qa_id, c) for qa_id, t in members for c in t.calls]
+    args_seen: list[dict[str, Any]] = []
+    for _, t in members:
+        for a in [c.arguments for c in t.calls] + t.probes:
+            if a not in args_seen:
+                args_seen.append(a)
+    env = Environment(name=f"merge-{tool.name}", tools=[tool.doc], code=f"DATA = {{}}\n\n{tool.source}",
+                      data_var="DATA", initial_state={tool.name: tool.data})
+    failures: list[str] = []
+    try:
+        session = await pool.open(env)
+    except EnvLoadError as err:
+        return [f"import_error: {err.detail[-200:]}"]
+    try:
+        for args in args_seen:
+            obs = await pool.call(session, tool.name, args)
+            if obs.outcome == "timeout":
+                return [f"timeout: {tool.name}({json.dumps(args)})"]
+            for qa_id, call in golds:
+                hit = obs.outcome == "ok" and answer_matches(call.answer or "", obs.output)
+                if call.arguments == args and not hit:
+                    failures.append(f"{qa_id}: wrong_answer: {tool.name}({json.dumps(args)}) gave "
+                                    f"{(obs.output or obs.error or '')[:120]!r}, expected {call.answer!r}")
+                elif call.arguments != args and hit:
+                    failures.append(f"{qa_id}: answer_leak: {tool.name}({json.dumps(args)}) also returns {call.answer!r}")
+    finally:
+        await pool.close(session)
+    return failures
+
+
 async def merge_environments(grouper: Grouper, pool: Any, drafts: list[EnvDraft], run_id: str | None = None,
                              concurrency: int = 64) -> MergeResult:
     tools = [(i, t) for i, d in enumerate(drafts) for t in d.tools]
@@ -130,10 +182,6 @@ async def merge_environments(grouper: Grouper, pool: Any, drafts: list[EnvDraft]
     current = list(drafts)
     merges: list[EnvMerge] = []
     sem = asyncio.Semaphore(concurrency)
-
-    async def check(draft: EnvDraft, probes: dict[str, list[dict[str, Any]]]) -> Any:
-        async with sem:
-            return await check_environment(pool, draft.environment(), probes)
 
     plans = []
     for subset in groups:
@@ -145,29 +193,24 @@ async def merge_environments(grouper: Grouper, pool: Any, drafts: list[EnvDraft]
         except BuildError as err:
             plans.append((subset, None, [], [str(err)]))
             continue
-        merged_tool = replace(first, data=data)
+        merged_tool = replace(first, data=_without_foreign_answers(data, [t for _, t in subset]))
         candidates = []
         for i, t in subset:
             calls = [c.model_copy(update={"tool": first.name}) for c in t.calls]
             own = replace(merged_tool, calls=calls, probes=list(t.probes))
-            # every valid argument of the merged tool: all members' probes and the other members' gold calls
-            own_args = [c.arguments for c in t.calls]
-            others = [a for j, u in subset if j != i for a in [c.arguments for c in u.calls] + u.probes]
-            others = [a for k, a in enumerate(others) if a not in own_args and a not in others[:k]]
             new_tools = [own if x.name == t.name else x for x in current[i].tools]
             if len({x.name for x in new_tools}) != len(new_tools):
                 candidates = []
                 break
-            candidates.append((i, EnvDraft(current[i].qa, new_tools, current[i].attempt), own.probes + others, t.name, own))
+            candidates.append((i, EnvDraft(current[i].qa, new_tools, current[i].attempt), None, t.name, own))
         plans.append((subset, merged_tool, candidates, [] if candidates else ["merged tool name clashes in an environment"]))
 
     async def verify(plan: Any) -> list[str]:
         subset, merged_tool, candidates, reasons = plan
         if merged_tool is None or not candidates:
             return reasons
-        results = await asyncio.gather(*(check(c[1], {merged_tool.name: c[2]}) for c in candidates))
-        return [f"{current[c[0]].qa.id}: {'; '.join(r.details)[:300]}" for c, r in zip(candidates, results, strict=True)
-                if not r.ok]
+        async with sem:
+            return await check_merged(pool, merged_tool, [(current[c[0]].qa.id, c[4]) for c in candidates])
 
     verdicts = await asyncio.gather(*(verify(p) for p in plans))
     for (subset, merged_tool, candidates, _), failures in zip(plans, verdicts, strict=True):

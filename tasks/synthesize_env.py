@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import random
 import re
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 
 from environments.reward import answer_matches, f1_reward
 from schemas.contracts import check_json_schema, validate_against
+from schemas.ids import canonical_json
 from schemas.errors import ParseError, ProviderError, SandboxError
 from schemas.models import Environment, FunctionDoc, GoldCall, QAInstance, Rejection, SubQA, Verification
 from tasks.decompose_qa import Step, entity, fmt_value, human, parse_evidence
@@ -137,13 +139,18 @@ def check_doc(raw: Any) -> FunctionDoc:
     params = doc.parameters
     if params.get("type") != "object" or not isinstance(params.get("properties", {}), dict):
         raise BuildError("invalid_tool_doc", "parameters must be a JSON Schema of type object")
-    bad_schema = check_json_schema(params)
+    bad_schema = _schema_error(canonical_json(params))
     if bad_schema:
         raise BuildError("invalid_tool_doc", f"parameters are not valid JSON Schema: {bad_schema}")
     missing = [r for r in params.get("required", []) if r not in params.get("properties", {})]
     if missing:
         raise BuildError("invalid_tool_doc", f"required parameters {missing} are not defined")
     return doc
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_error(params_json: str) -> str | None:
+    return check_json_schema(json.loads(params_json))
 
 
 def args_valid(doc: FunctionDoc, args: dict[str, Any]) -> str | None:
@@ -181,6 +188,16 @@ class OfflineToolBuilder:
         self.source = source
         self.other_rows = other_rows
         self.seed = seed
+        self._tables: dict[str, _Rows] = {}
+
+    def _table(self, name: str) -> "_Rows":
+        """The table's rows, read from the source once (mock data is sampled from them in memory)."""
+        if name not in self._tables:
+            # ORDER BY ALL: DuckDB's scan order is not stable across processes, and seeded
+            # sampling of mock rows must see the same sequence for a re-run to dedupe.
+            cur = self.source.con.execute(f'SELECT * FROM "{name}" ORDER BY ALL')
+            self._tables[name] = _Rows([d[0] for d in cur.description], cur.fetchall())
+        return self._tables[name]
 
     async def build(self, qa: QAInstance, sub: SubQA, attempt: int, feedback: str) -> ToolImpl:
         parsed = parse_evidence(sub.evidence)
@@ -202,15 +219,17 @@ class OfflineToolBuilder:
         name = _tool_name("get", entity(step.table), attr)
         extras = [a for a in t.attributes if a != attr][:3]
         cols = [step.by, attr, *extras]
-        col_sql = ", ".join(f'"{c}"' for c in cols)
-        gold_rows = self.source.query(f'SELECT {col_sql} FROM "{step.table}" WHERE "{step.by}" = ?', [value])
-        others = self.source.query(
-            f'SELECT {col_sql} FROM "{step.table}" WHERE "{step.by}" <> ? AND "{attr}" IS NOT NULL '
-            f'ORDER BY hash("{step.by}" || ?) LIMIT ?', [value, str(rng.random()), self.other_rows * 4])
+        table = self._table(step.table)
+        idx = [table.columns.index(c) for c in cols]
+        pick = lambda r: tuple(r[i] for i in idx)  # noqa: E731
+        gold_rows = [pick(r) for r in table.by(step.by).get(str(value), [])]
+        others = [pick(r) for r in table.shuffled(rng) if str(r[idx[0]]) != str(value) and r[idx[1]] is not None]
         rows = list(gold_rows)
         for row in others:
+            if len(rows) > self.other_rows:
+                break
             text = str(fmt_value(row[1]))
-            if not any(answer_matches(a, text) for a in avoid) and len(rows) <= self.other_rows:
+            if not any(answer_matches(a, text) for a in avoid):
                 rows.append(row)
         data = {str(r[0]): {c: _json_value(v) for c, v in zip(cols[1:], r[1:], strict=True)} for r in rows}
         ktype = _param_type(self.source, step.table, step.by)
@@ -252,21 +271,33 @@ def {name}({step.by}, fields=None):
     def _group_rows(self, step: Step, value: Any, avoid: list[str], rng: random.Random, measure: str | None,
                     filter_col: str | None) -> tuple[list[dict[str, Any]], list[Any]]:
         cols = [step.by] + ([measure] if measure else []) + ([filter_col] if filter_col else [])
-        col_sql = ", ".join(f'"{c}"' for c in cols)
-        agg = f'round(sum("{measure}"), 2)' if measure else "count(*)"
-        groups = self.source.query(
-            f'SELECT "{step.by}", {agg} AS a FROM "{step.table}" WHERE "{step.by}" IS NOT NULL AND "{step.by}" <> ? '
-            f'GROUP BY 1 ORDER BY hash(CAST("{step.by}" AS VARCHAR) || ?) LIMIT ?',
-            [value, str(rng.random()), self.other_rows * 4])
-        keep = [value]
-        for key, agg_value in groups:
+        table = self._table(step.table)
+        groups = table.by(step.by)
+        bi = table.columns.index(step.by)
+        mi = table.columns.index(measure) if measure else None
+
+        def aggregate(key: str) -> Any:
+            rows = groups.get(key, [])
+            if mi is None:
+                return len(rows)
+            values = [r[mi] for r in rows if r[mi] is not None]
+            return round(sum(float(v) for v in values), 2) if values else None
+
+        keep = [str(value)]
+        order = sorted(k for k in groups if k != str(value))
+        rng.shuffle(order)
+        for key in order:
+            if len(keep) > 3:
+                break
+            agg_value = aggregate(key)
             text = str(fmt_value(agg_value))
-            if agg_value is not None and not any(answer_matches(a, text) for a in avoid) and len(keep) <= 3:
+            if agg_value is not None and not any(answer_matches(a, text) for a in avoid):
                 keep.append(key)
+        idx = [table.columns.index(c) for c in cols]
         rows = []
         for key in keep:
-            for r in self.source.query(f'SELECT {col_sql} FROM "{step.table}" WHERE "{step.by}" = ? ORDER BY 1', [key]):
-                rows.append({c: _json_value(v) if c != step.by else str(v) for c, v in zip(cols, r, strict=True)})
+            for r in sorted(groups.get(key, []), key=lambda r: str(r[0])):
+                rows.append({c: _json_value(r[i]) if i != bi else str(r[i]) for c, i in zip(cols, idx, strict=True)})
         return rows, keep
 
     def _filter_column(self, step: Step) -> str | None:
@@ -330,6 +361,32 @@ def {name}({step.by}, decimals=2):
         call = GoldCall(tool=name, arguments={step.by: _typed(value, ktype)}, sub_qa=sub.index, answer=sub.answer)
         sig = f"sum:{step.table}.{attr}:by:{step.by}:{ktype}->number"
         return ToolImpl(doc, textwrap.dedent(code), rows, sig, [call], probes)
+
+
+class _Rows:
+    """A table's rows in memory, with per-column indexes built on demand."""
+
+    def __init__(self, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+        self.columns = columns
+        self.rows = rows
+        self._index: dict[str, dict[str, list[tuple[Any, ...]]]] = {}
+
+    def by(self, column: str) -> dict[str, list[tuple[Any, ...]]]:
+        if column not in self._index:
+            i = self.columns.index(column)
+            index: dict[str, list[tuple[Any, ...]]] = {}
+            for r in self.rows:
+                if r[i] is not None:
+                    index.setdefault(str(r[i]), []).append(r)
+            self._index[column] = index
+        return self._index[column]
+
+    def shuffled(self, rng: random.Random, limit: int = 64) -> list[tuple[Any, ...]]:
+        if len(self.rows) <= limit:
+            out = list(self.rows)
+            rng.shuffle(out)
+            return out
+        return rng.sample(self.rows, limit)
 
 
 def _typed(value: Any, ptype: str) -> Any:
@@ -543,21 +600,24 @@ async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_a
                          run_id=run_id, environment_failure=env_failure, payload={"attempts": history[-6:]})
 
     for attempt in range(max_attempts + 1):
-        for sub in subs:
-            if sub.index in built:
-                continue
-            try:
-                built[sub.index] = await builder.build(qa, sub, attempt, feedback.get(sub.index, ""))
-            except BuildError as err:
-                history.append(f"attempt {attempt} sub-QA {sub.index}: {err}")
-                feedback[sub.index] = str(err)
-                last_reason = err.reason
-            except ParseError as err:
-                history.append(f"attempt {attempt} sub-QA {sub.index}: invalid_model_output: {err}")
-                feedback[sub.index] = f"the answer was not valid JSON for the schema: {err}"
+        todo = [sub for sub in subs if sub.index not in built]
+        outcomes = await asyncio.gather(*(builder.build(qa, sub, attempt, feedback.get(sub.index, "")) for sub in todo),
+                                        return_exceptions=True)
+        for sub, got in zip(todo, outcomes, strict=True):  # the sub-QAs' tools are built concurrently
+            if isinstance(got, ToolImpl):
+                built[sub.index] = got
+            elif isinstance(got, BuildError):
+                history.append(f"attempt {attempt} sub-QA {sub.index}: {got}")
+                feedback[sub.index] = str(got)
+                last_reason = got.reason
+            elif isinstance(got, ParseError):
+                history.append(f"attempt {attempt} sub-QA {sub.index}: invalid_model_output: {got}")
+                feedback[sub.index] = f"the answer was not valid JSON for the schema: {got}"
                 last_reason = "invalid_model_output"
-            except ProviderError as err:
-                return reject("provider_error", str(err), env_failure=True)
+            elif isinstance(got, ProviderError):
+                return reject("provider_error", str(got), env_failure=True)
+            else:
+                raise got
         if len(built) < len(subs):
             continue
         try:

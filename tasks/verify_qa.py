@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -175,18 +176,31 @@ class VerifyResult:
     rejections: list[Rejection]
 
 
+async def judge_one(judge: QAJudge, qa: QAInstance, run_id: str | None = None) -> Judgement | Rejection:
+    """One instance's judgement, or the rejection a failed model answer becomes."""
+    try:
+        return await judge.judge(qa)
+    except ParseError as err:
+        return Rejection(stage="verify_qa", subject=qa.id, reason="invalid_model_output", detail=str(err),
+                         parents=[qa.id], run_id=run_id)
+    except ProviderError as err:
+        return Rejection(stage="verify_qa", subject=qa.id, reason="provider_error", detail=str(err),
+                         parents=[qa.id], run_id=run_id, environment_failure=True)
+
+
 async def verify_batch(judge: QAJudge, instances: list[QAInstance], rule: KeepRule, min_hops: int, max_hops: int,
-                       run_id: str | None = None) -> VerifyResult:
-    """Judge every instance, apply the keep rule over the batch, and explain every refusal."""
+                       run_id: str | None = None,
+                       started: dict[str, Awaitable[Judgement | Rejection]] | None = None) -> VerifyResult:
+    """Judge every instance, apply the keep rule over the batch, and explain every refusal.
+
+    `started` holds judgements already under way (begun as each instance was synthesized, so
+    the model endpoint never idles between the two stages); the rest are judged here.
+    """
+    started = started or {}
+
     async def one(qa: QAInstance) -> Judgement | Rejection:
-        try:
-            return await judge.judge(qa)
-        except ParseError as err:
-            return Rejection(stage="verify_qa", subject=qa.id, reason="invalid_model_output", detail=str(err),
-                             parents=[qa.id], run_id=run_id)
-        except ProviderError as err:
-            return Rejection(stage="verify_qa", subject=qa.id, reason="provider_error", detail=str(err),
-                             parents=[qa.id], run_id=run_id, environment_failure=True)
+        pending = started.get(qa.id)
+        return await pending if pending is not None else await judge_one(judge, qa, run_id)
 
     judged = await asyncio.gather(*(one(qa) for qa in instances))
     rejections = [j for j in judged if isinstance(j, Rejection)]

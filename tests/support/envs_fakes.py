@@ -57,7 +57,8 @@ class EnvsResponder:
         from tasks.knowledge import load_sample
 
         src = load_sample()
-        self.customers = src.query("SELECT customer_id, city, tier FROM customers ORDER BY 1")
+        self.customers = {r[0]: dict(zip(("city", "tier", "country", "last_name"), r[1:], strict=True))
+                          for r in src.query("SELECT customer_id, city, tier, country, last_name FROM customers")}
         self.orders = src.query("SELECT order_id, customer_id FROM orders ORDER BY 1")
         src.close()
         self.bad_code = bad_code
@@ -73,25 +74,30 @@ class EnvsResponder:
         body = handler(_prompt(req)) if handler else {"error": f"unknown step {step}"}
         return Reply(body=chat_completion(content=json.dumps(body)))
 
+    ATTRS = ("city", "tier", "country", "last_name")
+
     def decompose(self, prompt: str) -> dict[str, Any]:
         k = int(re.search(r"Variant number[^:]*: (\d+)", prompt).group(1))  # type: ignore[union-attr]
-        order_id, customer_id = self.orders[k % len(self.orders)]
-        city = next(c for cid, c, _ in self.customers if cid == customer_id)
+        attr = self.ATTRS[(k // 2) % len(self.ATTRS)]
+        label = attr.replace("_", " ")
         if k % 2 == 0:
-            return {"main_question": f"In which city does the customer who placed order {order_id} live?",
-                    "main_answer": city,
+            order_id, customer_id = self.orders[(k // 8) % len(self.orders)]
+            value = self.customers[customer_id][attr]
+            return {"main_question": f"What is the {label} of the customer who placed order {order_id}?",
+                    "main_answer": value,
                     "sub_qas": [
                         {"index": 1, "question": f"Which customer placed order {order_id}?", "answer": customer_id,
                          "depends_on": [], "needs_tool": True,
                          "evidence_sql": f"SELECT customer_id FROM orders WHERE order_id = '{order_id}'"},
-                        {"index": 2, "question": f"What is the city of customer {customer_id}?", "answer": city,
+                        {"index": 2, "question": f"What is the {label} of customer {customer_id}?", "answer": value,
                          "depends_on": [1], "needs_tool": True,
-                         "evidence_sql": f"SELECT city FROM customers WHERE customer_id = '{customer_id}'"}]}
-        cid, city, tier = self.customers[k % len(self.customers)]
-        return {"main_question": f"What loyalty tier does customer {cid} have?", "main_answer": tier,
-                "sub_qas": [{"index": 1, "question": f"What is the tier of customer {cid}?", "answer": tier,
+                         "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{customer_id}'"}]}
+        cid = sorted(self.customers)[(k // 8) % len(self.customers)]
+        value = self.customers[cid][attr]
+        return {"main_question": f"Which {label} is on file for customer {cid}?", "main_answer": value,
+                "sub_qas": [{"index": 1, "question": f"What is the {label} of customer {cid}?", "answer": value,
                              "depends_on": [], "needs_tool": True,
-                             "evidence_sql": f"SELECT tier FROM customers WHERE customer_id = '{cid}'"}]}
+                             "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{cid}'"}]}
 
     def verify(self, prompt: str) -> dict[str, Any]:
         qa = json.loads(prompt.split("Task:\n", 1)[1].split("\n\nChecks:", 1)[0])
@@ -99,11 +105,11 @@ class EnvsResponder:
                 "task_completeness": 1, "tool_necessity": [{"index": s["index"], "needs_tool": s["needs_tool"]}
                                                            for s in qa["sub_qas"]], "reasons": []}
 
-    @staticmethod
-    def _kind(question: str) -> str:
+    @classmethod
+    def _kind(cls, question: str) -> str:
         if "placed order" in question:
             return "order_customer"
-        return "customer_city" if "city" in question else "customer_tier"
+        return "customer_" + next(a for a in cls.ATTRS if a.replace("_", " ") in question)
 
     def tool_doc(self, prompt: str) -> dict[str, Any]:
         question = re.search(r"Sub-question: (.*)", prompt).group(1)  # type: ignore[union-attr]

@@ -48,7 +48,11 @@ def test_equivalent_tools_merge_and_every_qa_still_verifies(sample) -> None:
     assert len(result.drafts) == len(drafts)
 
 
-def test_unsafe_merge_is_refused_and_tools_kept(sample) -> None:
+def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
+    # data that cannot be cleaned of foreign answers (as model-written data may be) must fail re-verification
+    import tasks.merge_envs
+
+    monkeypatch.setattr(tasks.merge_envs, "_without_foreign_answers", lambda data, members: data)
     spec = QASpec(n=12, structures=("single_hop",), seed=4)
     instances = asyncio.run(OfflineQASynthesizer().synthesize(sample, spec)).instances
 
