@@ -57,10 +57,10 @@ def _stats(latencies: list[float], elapsed: float, concurrency: int) -> dict[str
 def main(
     levels: str = "1,16,64,256",
     trivial_calls: int = 6000,
-    cpu_calls: int = 64,
-    subprocess_calls: int = 120,
-    docker_run_calls: int = 12,
-    docker_run_concurrency: int = 12,
+    cpu_calls: int = 32,
+    subprocess_calls: int = 40,
+    docker_run_calls: int = 8,
+    docker_run_concurrency: int = 8,
     backend: str = "auto",
     pool_size: int = 0,
 ) -> dict:
@@ -164,7 +164,8 @@ def main(
         return out
 
     async def run_all() -> dict[str, Any]:
-        result: dict[str, Any] = {"cores": os.cpu_count()}
+        # other work on the machine skews every figure: keep the load beside them
+        result: dict[str, Any] = {"cores": os.cpu_count(), "loadavg_before": [round(x, 1) for x in os.getloadavg()]}
         result["pool"], result["pool_info"] = await bench_pool()
         result["pool_backend"] = result["pool_info"].get("backend")
         python = shutil.which("python3") or sys.executable
@@ -175,6 +176,7 @@ def main(
             result["docker_run"] = await bench_one_shot(argv, docker_run_calls, docker_run_concurrency)
         else:
             result["docker_run"] = None
+        result["loadavg_after"] = [round(x, 1) for x in os.getloadavg()]
         return result
 
     result = asyncio.run(run_all())
@@ -202,7 +204,10 @@ def main(
 
 
 def _print_table(result: dict[str, Any]) -> None:
-    rows = ["mode        workload  conc   calls/s     p50 ms    p99 ms"]
+    rows = [
+        f"load average before/after: {result.get('loadavg_before')} / {result.get('loadavg_after')} on {result.get('cores')} cores",
+        "mode        workload  conc   calls/s     p50 ms    p99 ms",
+    ]
     for mode in ("pool", "docker_run", "subprocess"):
         for workload, by_conc in (result.get(mode) or {}).items():
             for conc, s in by_conc.items():
