@@ -7,12 +7,25 @@ anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import typer
 
 from flows.context import CliState
 from schemas.errors import ArenaforgeError
+
+# Process defaults for every command: no telemetry, offline model hubs, and enough time for
+# Prefect's ephemeral server to start on a busy 2-core machine (its default is too short).
+PROCESS_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 # (sub-command, module under flows.commands). Each module defines `app: typer.Typer`.
 COMMANDS = [
@@ -52,6 +65,11 @@ def root(
     """Global options apply to every sub-command; flags beat env vars beat the TOML file."""
     overrides = {"warehouse.path": db, "model.backend": backend, "model.base_url": base_url, "model.model": model}
     ctx.obj = CliState(config_path=config, overrides={k: v for k, v in overrides.items() if v is not None})
+    if ctx.resilient_parsing or "--help" in sys.argv:
+        return
+    api_url = ctx.obj.config.prefect.api_url  # flows report to a configured server, else Prefect's ephemeral one
+    if api_url:
+        os.environ.setdefault("PREFECT_API_URL", api_url)
 
 
 for _name, _module in COMMANDS:
@@ -61,6 +79,8 @@ for _name, _module in COMMANDS:
 
 def main() -> None:
     """Entry point: click handles usage errors; our own errors become one line, exit 2."""
+    for key, value in PROCESS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     try:
         app()
     except ArenaforgeError as err:

@@ -96,7 +96,7 @@ class KnowledgeSource:
         for t in self.tables.values():
             cols = ", ".join(f"{c.name} {c.dtype}" for c in t.columns)
             lines.append(f"table {t.name} (key {t.key}; {t.rows} rows): {cols}")
-            for row in self.con.execute(f'SELECT * FROM "{t.name}" LIMIT {int(sample_rows)}').fetchall():
+            for row in self.con.execute(f'SELECT * FROM "{t.name}" ORDER BY ALL LIMIT {int(sample_rows)}').fetchall():
                 lines.append("  e.g. " + json.dumps([_jsonable(v) for v in row], ensure_ascii=False))
         for link in self.links:
             lines.append(f"link {link.table}.{link.column} -> {link.ref_table}.{link.ref_key}")
