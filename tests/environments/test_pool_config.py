@@ -126,3 +126,30 @@ def test_session_cpu_limit_and_odd_results() -> None:
     assert surrogate.outcome == "ok" and surrogate.output.startswith("a") and surrogate.output.endswith("b")
     assert unrenderable.outcome == "error" and "could not be rendered" in (unrenderable.error or "")
     assert ok.output == "fine"
+
+
+def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The degraded path (no root, or no world-readable Python): process groups instead of session uids."""
+    from environments.runtime.transports import ProcessLauncher
+
+    monkeypatch.setattr(ProcessLauncher, "can_setuid", property(lambda self: False))
+
+    async def scenario() -> tuple[dict, list]:
+        async with await create_pool(sandbox_config("process", pool_size=1)) as pool:
+            session = await pool.open(adversarial_env())
+            obs = [
+                await pool.call(session, "cancel_pending_order", {"order_id": "W1001", "reason": "r"}),
+                await pool.call(session, "get_order_details", {"order_id": "W1001"}),
+                await pool.call(session, "spin", {}, timeout_s=1.0),
+                await pool.call(session, "get_order_details", {"order_id": "W1001"}),
+                await pool.call(session, "segfault", {}),
+                await pool.call(session, "scratch_roundtrip", {}),
+            ]
+            await pool.close(session)
+            return pool.info, obs
+
+    info, obs = asyncio.run(scenario())
+    assert info["setuid"] is False
+    assert [o.outcome for o in obs] == ["ok", "ok", "timeout", "ok", "limit", "ok"]
+    assert '"cancelled"' in obs[1].output and '"pending"' in obs[3].output
+    assert obs[5].output.endswith(":kept")
