@@ -21,6 +21,10 @@ class ProbeParams(BaseModel):
     n: int = Field(default=5, ge=1, le=10_000, description="Rows to write.")
     batch: int = Field(default=5, ge=1, description="Rows per transaction.")
     pause_s: float = Field(default=0.0, ge=0, description="Sleep between batches (to kill a run mid-way).")
+    wait_for_flow: str | None = Field(
+        default=None, description="After the rows, keep writing one tick row a second until a run of this flow completed."
+    )
+    wait_timeout_s: float = Field(default=300, gt=0)
 
 
 @task(retries=2, retry_delay_seconds=1)
@@ -31,6 +35,24 @@ def write_batch(db: str, tag: str, start: int, stop: int, run_id: str) -> int:
         for i in range(start, stop)
     ]
     return wh.upsert(rows)
+
+
+def _tick_until_done(wh: Warehouse, params: ProbeParams, run_id: str, since: str) -> int:
+    """Interleave writes with another flow's run: one row per tick until it has completed."""
+    deadline = time.monotonic() + params.wait_timeout_s
+    new, tick = 0, 0
+    while True:
+        _, done = wh.query(
+            "SELECT count(*) FROM v_runs WHERE flow = ? AND status = 'completed' AND started_at >= ?",
+            [params.wait_for_flow, since],
+        )
+        if done[0][0]:
+            return new
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no completed {params.wait_for_flow} run within {params.wait_timeout_s}s")
+        new += wh.upsert([Rejection(stage="probe", subject=f"{params.tag}-tick-{tick}", reason="tick", run_id=run_id)])
+        tick += 1
+        time.sleep(1.0)
 
 
 @flow(name="serve-probe")
@@ -47,6 +69,8 @@ def probe(params: ProbeParams = ProbeParams()) -> int:
             bar.set(stop)
             if params.pause_s:
                 time.sleep(params.pause_s)
+        if params.wait_for_flow:
+            new += _tick_until_done(wh, params, run.id, run.started_at)
         counts["rejections"] = new
     run_summary("serve-probe", run.id, counts, warehouse_path=str(wh.path))
     return new

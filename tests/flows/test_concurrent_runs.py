@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -56,40 +57,57 @@ def test_two_processes_upsert_concurrently(tmp_path: Path) -> None:
 
 
 @pytest.mark.prefect_server
-def test_two_deployment_runs_at_once(served: Any) -> None:
-    """A synthesis-style run and a training-style run started together both complete, rows intact."""
+def test_synthesis_and_training_runs_at_once(served: Any, tmp_path: Path) -> None:
+    """A synthesis-style run (many small upserts) and a real `train-sft` run on the same warehouse,
+    overlapping in time: both complete, every row is there exactly once."""
     from flows.deployments import start_run
+    from schemas.kinds_training import TrainStep
 
     flows = served_flows()
-    runs = [
-        start_run(served.api_url, "probe", {"tag": tag, "n": 30, "batch": 3, "pause_s": 0.2}, flows=flows, wait_s=0)
-        for tag in ("synth", "train")
-    ]
-    deadline = time.monotonic() + 180
+    data = tmp_path / "sft.jsonl"
+    example = {"messages": [{"role": "user", "content": "capital of Freedonia?"}, {"role": "assistant", "content": "Fredo"}]}
+    data.write_text(json.dumps(example) + "\n")
+    synth = start_run(
+        served.api_url, "probe", {"tag": "synth", "n": 30, "batch": 3, "wait_for_flow": "train-sft"}, flows=flows, wait_s=0
+    )
+    train = start_run(
+        served.api_url, "train-sft",
+        {"data": str(data), "experiment": "concurrent-sft", "epochs": 2, "out_dir": str(tmp_path / "out")},
+        flows=flows, wait_s=0,
+    )
     from prefect.client.orchestration import get_client
 
+    deadline = time.monotonic() + 400
     with served.client_settings(), get_client(sync_client=True) as client:
-        states = {}
+        states: dict[Any, Any] = {}
         while len(states) < 2:
-            for run in runs:
+            for run in (synth, train):
                 state = client.read_flow_run(run.id).state
                 if state and state.is_final():
                     states[run.id] = state
             assert time.monotonic() < deadline, "runs did not finish"
             time.sleep(0.5)  # polling run state with a deadline
     assert all(s.is_completed() for s in states.values()), states
-    for tag in ("synth", "train"):
-        _, rows = served.warehouse.query(
-            "SELECT count(*), count(DISTINCT record->>'subject') FROM rejections WHERE record->>'subject' LIKE ?",
-            [f"{tag}-%"],
-        )
-        assert rows == [(30, 30)]
-    _, runs_rows = served.warehouse.query(
-        "SELECT status, count(*) FROM v_runs WHERE flow = 'serve-probe' AND json_extract_string(counts, '$.rejections') = '30' GROUP BY 1"
+
+    _, rows = served.warehouse.query(
+        "SELECT count(*), count(DISTINCT record->>'subject'), count(*) FILTER (WHERE record->>'reason' = 'tick') "
+        "FROM rejections WHERE record->>'subject' LIKE 'synth-%'"
     )
-    assert runs_rows == [("completed", 2)]
+    total, distinct, ticks = rows[0]
+    assert total == distinct and total == 30 + ticks and ticks >= 1
+    steps = [s for s in served.warehouse.load(TrainStep) if s.experiment == "concurrent-sft"]
+    assert sorted(s.step for s in steps) == [1, 2]
     _, spans = served.warehouse.query(
-        "SELECT max(started_at) < min(finished_at) FROM v_runs WHERE flow = 'serve-probe' "
-        "AND json_extract_string(counts, '$.rejections') = '30'"
+        "SELECT flow, status, started_at, finished_at FROM v_runs WHERE id IN (?, ?)",
+        [steps[0].run_id, _probe_run_id(served)],
     )
-    assert spans == [(True,)], "the two runs did not overlap in time"
+    assert {(f, st) for f, st, _, _ in spans} == {("train-sft", "completed"), ("serve-probe", "completed")}
+    (_, _, a0, a1), (_, _, b0, b1) = spans
+    assert a0 < b1 and b0 < a1, f"runs did not overlap: {spans}"
+
+
+def _probe_run_id(served: Any) -> str:
+    _, rows = served.warehouse.query(
+        "SELECT DISTINCT run_id FROM rejections WHERE record->>'subject' = 'synth-tick-0'"
+    )
+    return rows[0][0]
