@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.errors import InputError
-from schemas.models import Environment, FunctionDoc
+from schemas.models import Environment
 
 ENV_FILE = "env.json"
 TOOLS_FILE = "tools.json"
@@ -66,7 +66,6 @@ def read_package(directory: str | Path) -> Environment:
     if meta.get("id") and env.compute_id() != meta["id"]:
         raise InputError(f"{path}: content does not match its id {meta['id']} (edited by hand? remove the id to recompute)")
     return env
-
 
 
 def _write_json(path: Path, value: Any) -> None:

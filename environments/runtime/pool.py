@@ -212,6 +212,7 @@ class Pool:
         self._sids = itertools.count(1)
         self._launching: dict[int, asyncio.Task[_Worker]] = {}
         self._closed = False
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._sessions: dict[str, Session] = {}
         self.replaced = 0
         self.info: dict[str, Any] = {}
@@ -291,7 +292,7 @@ class Pool:
             if current is not None:
                 self.replaced += 1
                 log.warning("replacing sandbox worker %s: %s", current.name, current.death)
-                asyncio.get_running_loop().create_task(current.kill(current.death))
+                self._background(current.kill(current.death))
             task = asyncio.get_running_loop().create_task(self._launch(index))
             self._launching[index] = task
             task.add_done_callback(lambda t, i=index: self._launched(i, t))
@@ -312,7 +313,12 @@ class Pool:
     def _on_worker_dead(self, worker: _Worker) -> None:
         """A worker died (crash, OOM kill, container removed): start its replacement right away."""
         if not self._closed and self.workers[worker.index] is worker:
-            asyncio.get_running_loop().create_task(self._replace_quietly(worker.index))
+            self._background(self._replace_quietly(worker.index))
+
+    def _background(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # keep a reference: the loop holds tasks only weakly
+        task.add_done_callback(self._tasks.discard)
 
     async def _retire(self, worker: _Worker, why: str) -> None:
         if worker.alive:
