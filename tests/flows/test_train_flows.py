@@ -15,6 +15,19 @@ from tests.support.rl import solving_policy, tiny_env, tiny_model_path
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
 
+pytestmark = pytest.mark.prefect_server  # the CLI runs the Prefect flows: use the session server
+
+
+@pytest.fixture(autouse=True)
+def _session_prefect(prefect_server):
+    # Prefect reads PREFECT_API_URL once, when it is first imported; pin the session server
+    # explicitly so no test falls back to starting an ephemeral server, whatever the import order.
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.api_url}):
+        yield
+
+
 @pytest.fixture
 def wh(tmp_warehouse, monkeypatch):
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
@@ -26,7 +39,16 @@ def wh(tmp_warehouse, monkeypatch):
 def _run(wh, *args):
     result = CliRunner().invoke(app, ["--db", str(wh.path), *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    return json.loads(result.output[result.output.index("{"): result.output.rindex("}") + 1])
+    out, decoder = result.output, json.JSONDecoder()
+    for i, char in enumerate(out):  # the command prints one JSON object; Prefect logs may surround it
+        if char == "{":
+            try:
+                obj, _ = decoder.raw_decode(out, i)
+            except ValueError:
+                continue
+            if isinstance(obj, dict) and ("run_id" in obj or "path" in obj):
+                return obj
+    raise AssertionError(f"no result object in output:\n{out}")
 
 
 def test_flows_are_registered_with_one_params_model():
@@ -61,12 +83,15 @@ def test_grpo_vllm_engine_against_scripted_server(wh, tmp_path):
     envs = {e.question: e for e in [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]}
     solve = {q: solving_policy(e) for q, e in envs.items()}
 
-    def respond(prompt, index):  # odd samples solve, even samples give up: groups have variance
-        server_seed = server.requests[-1]["seed"]
-        question = next(q for q in envs if q in prompt)
-        return solve[question](prompt, index) if (server_seed // 1000) % 2 else "no idea"
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
 
-    server = ScriptedVllm(text_responder(tok, respond)).start()
+    def responder(prompt_ids, body):  # odd samples (seed // 1000) solve, even ones give up: groups have variance
+        prompt = tok.decode(prompt_ids)
+        question = next(q for q in envs if q in prompt)
+        text = solve[question](prompt, 0) if (body["seed"] // 1000) % 2 else "no idea"
+        return tok.encode(text, add_special_tokens=False) + [eos]
+
+    server = ScriptedVllm(responder).start()
     try:
         out = _run(wh, "train", "grpo", "--engine", "vllm", "--policy-url", server.base_url, "--served-model", "tiny",
                    "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--experiment", "v",
