@@ -72,8 +72,9 @@ class ArenaTool:
 
 
 def as_verl_tool() -> type:
-    """ArenaTool with verl's BaseTool mixed in (needs verl)."""
+    """ArenaTool with verl's BaseTool mixed in (needs verl); verl 0.9 wraps results in ToolResponse."""
     from verl.tools.base_tool import BaseTool
+    from verl.tools.schemas import ToolResponse
 
     from tasks.verl.verl_adapter import _pool
 
@@ -85,7 +86,12 @@ def as_verl_tool() -> type:
         async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
             if self.pool is None:
                 self.pool = await _pool()  # one sandbox pool per verl worker process
-            return await ArenaTool.create(self, instance_id, **kwargs)
+            instance_id, _ = await ArenaTool.create(self, instance_id, **kwargs)
+            return instance_id, ToolResponse()
+
+        async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[Any, float, dict]:
+            text, reward, info = await ArenaTool.execute(self, instance_id, parameters, **kwargs)
+            return ToolResponse(text=text), reward, info
 
     return VerlArenaTool
 
