@@ -131,3 +131,61 @@ def test_verl_adapter_subclasses_agent_loop_base():
     from tasks.verl.verl_adapter import ArenaAgentLoop
 
     assert issubclass(ArenaAgentLoop, AgentLoopBase)
+
+
+def test_verl_adapter_against_a_stub_of_verl_0_9_agent_loop_module(tokenizer, monkeypatch):
+    """The adapter's config reads and output construction, with verl's module replaced by a stub of its 0.9.1 API."""
+    import sys
+    import types
+    from typing import Any, Optional
+
+    from pydantic import BaseModel
+
+    class AgentLoopMetrics(BaseModel):
+        generate_sequences: float = 0.0
+        tool_calls: float = 0.0
+
+    class AgentLoopOutput(BaseModel):
+        prompt_ids: list[int]
+        response_ids: list[int]
+        response_mask: list[int]
+        response_logprobs: Optional[list[float]] = None
+        reward_score: Optional[float] = None
+        num_turns: int = 0
+        metrics: AgentLoopMetrics
+        extra_fields: dict[str, Any] = {}
+
+    class AgentLoopBase:
+        def __init__(self, trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, **kw):
+            self.config = trainer_config.config
+            self.server_manager, self.tokenizer = server_manager, tokenizer
+
+    registry = {}
+
+    def register(name):
+        def deco(cls):
+            registry[name] = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
+            return cls
+        return deco
+
+    stub = types.ModuleType("verl.experimental.agent_loop.agent_loop")
+    stub.__dict__.update(AgentLoopBase=AgentLoopBase, AgentLoopOutput=AgentLoopOutput,
+                         AgentLoopMetrics=AgentLoopMetrics, register=register)
+    for name in ("verl", "verl.experimental", "verl.experimental.agent_loop"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "verl.experimental.agent_loop.agent_loop", stub)
+    monkeypatch.delitem(sys.modules, "tasks.verl.verl_adapter", raising=False)
+    import tasks.verl.verl_adapter as adapter
+
+    monkeypatch.setitem(sys.modules, "tasks.verl.verl_adapter", adapter)  # removed again at teardown
+
+    monkeypatch.setattr(adapter, "_POOL", InProcessPool())
+    ns = types.SimpleNamespace
+    config = ns(actor_rollout_ref=ns(rollout=ns(response_length=400, multi_turn=ns(max_assistant_turns=5))))
+    env = tiny_env()
+    loop = adapter.ArenaAgentLoop(ns(config=config), ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
+                                  None, None, ns(config={}))
+    out = asyncio.run(loop.run({"temperature": 1.0}, **_sample_kwargs(env)))
+    assert registry == {"arena_agent": {"_target_": "tasks.verl.verl_adapter.ArenaAgentLoop"}}
+    assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0 and out.extra_fields["calls"] == 2
+    assert len(out.response_ids) == len(out.response_mask) <= 400 and out.metrics.generate_sequences >= 0
