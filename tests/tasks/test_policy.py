@@ -83,3 +83,13 @@ def test_unknown_engine_is_a_config_error():
         build_engine("tgi")
     with pytest.raises(ConfigError, match="base_url"):
         build_engine("vllm")
+
+
+def test_vllm_local_engine_without_vllm_is_a_config_error():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="needs vllm"):
+            build_engine("vllm-local", model_path=str(tiny_model_path()))
+        return
+    pytest.skip("optional: vllm is installed; the in-process engine needs a GPU run")
