@@ -9,8 +9,10 @@ import typer
 from flows.context import state
 from schemas.errors import InputError
 
+# A group (the CLI mounts sub-apps) whose callback does the work; interspersed args let
+# `arenaforge ingest PATH --mcp CMD PATH2` parse options between paths.
 app = typer.Typer(help="Ingest tool documents and live MCP servers into normalised tool schemas.",
-                  invoke_without_command=True)
+                  invoke_without_command=True, context_settings={"allow_interspersed_args": True})
 
 
 @app.callback(invoke_without_command=True)

@@ -62,3 +62,14 @@ def test_ingest_without_inputs_is_a_one_line_error(tmp_warehouse):
     result = CliRunner().invoke(app, ["--db", str(tmp_warehouse.path), "ingest"])
     assert result.exit_code != 0
     assert "at least one PATH" in str(result.exception) or "at least one PATH" in result.output
+
+
+def test_ingest_parses_mcp_options_between_paths(monkeypatch):
+    import flows.sft_flows as sft_flows
+
+    seen = {}
+    monkeypatch.setattr(sft_flows, "ingest", lambda params: seen.setdefault("params", params) and {"tools": 0})
+    result = CliRunner().invoke(app, ["ingest", "a", "--mcp", "mcp-server-git --repository .", "b", "--mcp", "t"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert seen["params"].paths == ["a", "b"] and seen["params"].mcp == ["mcp-server-git --repository .", "t"]
