@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from environments.reward import f1_reward
 from schemas.errors import SandboxError
-from schemas.models import ChatMessage, Environment, FunctionCall, Rollout, ToolCall, ToolObservation
+from schemas.models import ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall, ToolObservation
 from tasks.policy.base import PolicyEngine, SamplingParams
 
 IM_END = "<|im_end|>"
@@ -305,3 +305,12 @@ async def run_rollouts(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, 
         run_group(engine, tokenizer, pool, env, cfg, samples, f"{env.id}:{i}", limiter) for i, env in enumerate(envs)
     ))
     return [ep for group in groups for ep in group]
+
+
+def env_failure_rejections(rollouts: Sequence[Rollout], stage: str = "rollout") -> list[Rejection]:
+    """One `Rejection` (environment_failure=True) per env-failed rollout, so the ledger shows them."""
+    return [
+        Rejection(stage=stage, subject=r.id, reason="env_failure", detail=r.failure_reason or "",
+                  environment_failure=True, parents=[r.id, r.env_id], run_id=r.run_id)
+        for r in rollouts if r.status == "env_failure"
+    ]

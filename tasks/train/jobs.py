@@ -19,7 +19,7 @@ from schemas.config import Config, load_config
 from schemas.errors import ConfigError, InputError
 from schemas.models import Environment
 from tasks.policy.base import PolicyEngine, build_engine
-from tasks.rl_rollout import RolloutConfig, SandboxPool
+from tasks.rl_rollout import RolloutConfig, SandboxPool, env_failure_rejections
 from warehouse import Warehouse, recorded_run
 
 T = TypeVar("T")
@@ -214,7 +214,8 @@ def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
             engine, tokenizer, pool, envs, params.episode.rollout_config(params.seed), params.samples,
             params.concurrency)))
         rollouts = [e.rollout.model_copy(update={"run_id": run.id}) for e in episodes]
-        counts["rollouts"] = wh.upsert(rollouts)
+        rejections = env_failure_rejections(rollouts)
+        counts["rollouts"] = wh.upsert([*rollouts, *rejections]) - len(rejections)
         counts["env_failures"] = sum(r.status == "env_failure" for r in rollouts)
     scored = [r for r in rollouts if r.status != "env_failure"]
     return {"run_id": run.id, "rollouts": len(rollouts), "env_failures": counts["env_failures"],
@@ -241,7 +242,8 @@ def eval_job(params: EvalParams) -> dict[str, Any]:
                               rollout=params.episode.rollout_config(params.seed))
         summary, rollouts = asyncio.run(_with_pool(cfg, lambda pool: evaluate(engine, tokenizer, pool, envs,
                                                                               eval_cfg, run.id)))
-        counts["rollouts"] = wh.upsert([summary, *rollouts]) - 1
+        rejections = env_failure_rejections(rollouts, "eval")
+        counts["rollouts"] = wh.upsert([summary, *rollouts, *rejections]) - 1 - len(rejections)
         counts["episodes"] = summary.episodes
     return {"run_id": run.id, "eval_id": summary.id, "f1": summary.f1, "recall": summary.recall,
             "precision": summary.precision, "calls_per_task": summary.calls_per_task,

@@ -27,7 +27,7 @@ import torch
 from schemas.kinds_training import Checkpoint, TrainStep
 from schemas.models import Environment, Rollout
 from tasks.policy.base import PolicyEngine
-from tasks.rl_rollout import Episode, RolloutConfig, SandboxPool, stream_groups
+from tasks.rl_rollout import Episode, RolloutConfig, SandboxPool, env_failure_rejections, stream_groups
 from tasks.train.batching import AdaptiveBatcher
 from tasks.train.checkpoints import CheckpointManager
 from tasks.train.grpo import GrpoConfig, GrpoTrainer
@@ -154,7 +154,8 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
             metrics = step_metrics(generated, batch, fill, rollout_s)
             with lock if lock is not None else contextlib.nullcontext():
                 metrics.update(trainer.step(batch) if batch else {"loss": 0.0, "skipped": 1.0})
-            records: list[Any] = [e.rollout.model_copy(update={"run_id": run_id}) for e in generated]
+            rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in generated]
+            records: list[Any] = [*rollouts, *env_failure_rejections(rollouts, "train-grpo")]
             records.append(TrainStep(experiment=experiment, algorithm="grpo", step=step, policy=source,
                                      metrics=metrics, run_id=run_id))
             if manager.due(step, last=step == cfg.steps):

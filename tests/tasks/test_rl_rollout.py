@@ -117,3 +117,15 @@ def test_rollouts_against_the_process_sandbox(tokenizer):
     episodes = asyncio.run(main())
     assert [e.rollout.reward.f1 for e in episodes] == [1.0] * 4
     assert all(e.rollout.status == "finished" and e.rollout.tool_errors == 0 for e in episodes)
+
+
+def test_env_failures_become_tagged_rejections(tokenizer):
+    from tasks.rl_rollout import env_failure_rejections
+
+    env = tiny_env()
+    engine = ScriptedEngine(tokenizer, solving_policy(env))
+    failed = asyncio.run(run_episode(engine, tokenizer, InProcessPool(fail_calls_to={"get_capital"}), env,
+                                     RolloutConfig())).rollout
+    ok = asyncio.run(run_episode(engine, tokenizer, InProcessPool(), env, RolloutConfig())).rollout
+    [rejection] = env_failure_rejections([failed, ok])
+    assert rejection.environment_failure and rejection.subject == failed.id and "died" in rejection.detail

@@ -196,7 +196,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     from tasks.policy.scripted import ScriptedEngine
     from tasks.rl_rollout import RolloutConfig
     from tasks.train.run_grpo import GrpoRunConfig, train_grpo
-    from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env
+    from tests.support.rl import InProcessPool, solving_policy, tiny_env
 
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]
 
