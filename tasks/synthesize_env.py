@@ -575,7 +575,7 @@ class SynthResult:
 
 
 async def synthesize_environments(builder: ToolBuilder, pool: Any, instances: list[QAInstance], max_attempts: int = 2,
-                                  run_id: str | None = None, concurrency: int = 64) -> SynthResult:
+                                  run_id: str | None = None, concurrency: int = 256) -> SynthResult:
     """Build and sandbox-verify one environment per QA, regenerating failing tools at most `max_attempts` times."""
     sem = asyncio.Semaphore(concurrency)
 
