@@ -142,7 +142,6 @@ class RuleJudge:
         scores = {"query_understanding": qu, "planning": planning, "tool_response_understanding": tru,
                   "context_conditioned_planning": ccp, "tool_call_status": status, "tool_conciseness": conciseness,
                   "final_answer_quality": faq}
-        failed = len(calls) - len(succeeded & set(called)) if calls else 0
         return {k: round(max(0.0, min(1.0, v)), 4) for k, v in scores.items()}, (
             f"{len(calls)} calls, {sum(1 for *_, s in calls if s == 'fail')} failed, {len(planned)} planned steps")
 

@@ -43,7 +43,7 @@ _STOP = {"the", "a", "an", "of", "for", "and", "or", "to", "in", "on", "by", "wi
 
 # --------------------------------------------------------------------------- fields
 @dataclass(frozen=True)
-class Field_:
+class SchemaField:
     name: str
     type: str | None
     required: bool = False
@@ -73,9 +73,9 @@ def _type_of(schema: Any) -> str | None:
     return t if isinstance(t, str) else None
 
 
-def output_fields(tool: Tool) -> list[Field_]:
+def output_fields(tool: Tool) -> list[SchemaField]:
     """Leaf and object fields of the tool's response schema (nested objects and array items included)."""
-    found: list[Field_] = []
+    found: list[SchemaField] = []
 
     def walk(schema: Any, depth: int) -> None:
         if not isinstance(schema, dict) or depth > 4:
@@ -83,17 +83,17 @@ def output_fields(tool: Tool) -> list[Field_]:
         if isinstance(schema.get("items"), dict):
             walk(schema["items"], depth + 1)
         for name, sub in (schema.get("properties") or {}).items():
-            found.append(Field_(name, _type_of(sub)))
+            found.append(SchemaField(name, _type_of(sub)))
             walk(sub, depth + 1)
 
     walk(tool.returns, 0)
     return found
 
 
-def param_fields(tool: Tool) -> list[Field_]:
+def param_fields(tool: Tool) -> list[SchemaField]:
     params = tool.function.parameters
     required = set(params.get("required") or [])
-    return [Field_(n, _type_of(s), n in required) for n, s in (params.get("properties") or {}).items()]
+    return [SchemaField(n, _type_of(s), n in required) for n, s in (params.get("properties") or {}).items()]
 
 
 @functools.lru_cache(maxsize=65536)
