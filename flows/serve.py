@@ -203,7 +203,7 @@ class Stack:
         env = self.child_env()
         env.pop("PREFECT_API_URL")  # the server must not think it is a client of itself
         if self.cfg.prefect.database_url:
-            env["PREFECT_API_DATABASE_CONNECTION_URL"] = self.cfg.prefect.database_url
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.cfg.prefect.database_url
         env["PREFECT_UI_API_URL"] = self.api_url
         log = open(self._logs() / "server.log", "ab")  # noqa: SIM115 (closed with the process)
         self.server_proc = subprocess.Popen(

@@ -35,6 +35,9 @@ def browser() -> Any:
         from playwright.sync_api import sync_playwright
     except ImportError:
         skip_or_fail("the playwright Python package is not installed (pip install playwright)")
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=60_000)  # a loaded 2-core CI box renders the UI slowly; waits end on the condition
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         try:
