@@ -112,12 +112,21 @@ class SftConfig(_Section):
     keep_threshold: float = Field(default=0.7, ge=0, le=1, description="Mean judge score a trajectory needs for SFT.")
 
 
+class TrainConfig(_Section):
+    """RL/SFT training; per-run knobs are flow parameters, these are deployment-wide."""
+
+    ray_address: str | None = Field(
+        default=None, description="Ray cluster (e.g. http://head:8265): train-grpo submits a verl job there."
+    )
+
+
 class Config(_Section):
     warehouse: WarehouseConfig = WarehouseConfig()
     model: ModelConfig = ModelConfig()
     sandbox: SandboxConfig = SandboxConfig()
     prefect: PrefectConfig = PrefectConfig()
     sft: SftConfig = SftConfig()
+    train: TrainConfig = TrainConfig()
     out_dir: str = Field(default="./out", description="Where exports and plots are written.")
     seed: int = Field(default=0, description="Seed for every deterministic generator.")
 

@@ -260,6 +260,8 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
     out = _out_dir(cfg, params.out_dir, params.experiment)
+    if not params.verl.ray_address and cfg.train.ray_address:  # a configured cluster: scale out
+        params = params.model_copy(update={"verl": params.verl.model_copy(update={"ray_address": cfg.train.ray_address})})
     if params.verl.ray_address or params.verl.spec_only:
         return verl_job(params, cfg, wh, envs, out)
     from tasks.train.grpo import GrpoConfig

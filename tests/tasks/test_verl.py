@@ -189,3 +189,34 @@ def test_verl_adapter_against_a_stub_of_verl_0_9_agent_loop_module(tokenizer, mo
     assert registry == {"arena_agent": {"_target_": "tasks.verl.verl_adapter.ArenaAgentLoop"}}
     assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0 and out.extra_fields["calls"] == 2
     assert len(out.response_ids) == len(out.response_mask) <= 400 and out.metrics.generate_sequences >= 0
+
+
+def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, monkeypatch):
+    """train.ray_address in config -> grpo_job writes the job and submits it through ray.job_submission."""
+    import sys
+    import types
+
+    from tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
+
+    submitted = {}
+
+    class JobSubmissionClient:
+        def __init__(self, address):
+            submitted["address"] = address
+
+        def submit_job(self, *, entrypoint, runtime_env, submission_id):
+            submitted.update(entrypoint=entrypoint, runtime_env=runtime_env)
+            return submission_id
+
+    ray = types.ModuleType("ray")
+    job_submission = types.ModuleType("ray.job_submission")
+    job_submission.JobSubmissionClient = JobSubmissionClient
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.job_submission", job_submission)
+    monkeypatch.setenv("ARENAFORGE_TRAIN__RAY_ADDRESS", "http://head:8265")
+    tmp_warehouse.upsert([tiny_env()])
+    out = grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
+                              envs=EnvSelection(split="all"), experiment="big"))
+    assert submitted["address"] == "http://head:8265" and out["ray_job_id"].startswith("big-")
+    assert submitted["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
+    assert "verl==0.9.1" in submitted["runtime_env"]["pip"]
