@@ -63,6 +63,7 @@ def main(
     docker_run_concurrency: int = 8,
     backend: str = "auto",
     pool_size: int = 0,
+    workloads: str = "trivial,cpu50ms",
 ) -> dict:
     """Pool vs docker-run vs subprocess per call: calls/s and p50/p99 at each concurrency level."""
     import asyncio
@@ -80,6 +81,7 @@ def main(
 
     logging.basicConfig(level=logging.WARNING)
     conc_levels = [int(x) for x in levels.split(",") if x.strip()]
+    chosen = {name: WORKLOADS[name] for name in workloads.split(",") if name.strip()}
     base = load_config().sandbox
     cfg = base.model_copy(
         update={
@@ -102,7 +104,7 @@ def main(
     async def bench_pool() -> tuple[dict[str, Any], dict[str, Any]]:
         out: dict[str, Any] = {}
         async with await create_pool(cfg) as pool:
-            for workload, (tool, args) in WORKLOADS.items():
+            for workload, (tool, args) in chosen.items():
                 out[workload] = {}
                 for conc in conc_levels:
                     total = trivial_calls if workload == "trivial" else max(cpu_calls, conc)
@@ -155,7 +157,7 @@ def main(
 
     async def bench_one_shot(argv: list[str], max_calls: int, max_conc: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for workload in WORKLOADS:
+        for workload in chosen:
             out[workload] = {}
             for conc in conc_levels:
                 eff = min(conc, max_conc)
@@ -189,7 +191,7 @@ def main(
                 conc: round(result["pool"][workload][conc]["calls_per_s"] / max(result[other][workload][conc]["calls_per_s"], 1e-9), 1)
                 for conc in result["pool"][workload]
             }
-            for workload in WORKLOADS
+            for workload in chosen
         }
     result["ratios"] = ratios
     at64 = result["pool"]["trivial"].get("64")
