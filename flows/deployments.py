@@ -178,6 +178,8 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
 def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "parameters"
+    if first.get("type") == "missing":
+        return f"{where}: {first['msg']}"
     return f"{where}: {first['msg']} (got {first.get('input')!r})"
 
 

@@ -54,7 +54,8 @@ def _schedule_text(cfg, name: str) -> str:  # type: ignore[no-untyped-def]
     spec = cfg.prefect.schedules.get(name)
     if not spec:
         return ""
-    return f"cron {spec['cron']}" if "cron" in spec else f"every {spec['interval_s']} s"
+    text = f"cron {spec['cron']}" if "cron" in spec else f"every {spec['interval_s']} s"
+    return text if spec.get("active", True) else f"{text} (paused)"
 
 
 @app.command("run")
