@@ -73,17 +73,19 @@ def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monk
 def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) -> None:
     from flows.envs_flows import EnvsParams, envs
 
-    scripted_openai.responder = EnvsResponder()
+    scripted_openai.responder = EnvsResponder(not_json_variants=(4,))  # one answer is prose, never JSON
     db = tmp_path / "o.duckdb"
     params = EnvsParams(
-        sources=["sample"], n=4, seed=0,
+        sources=["sample"], n=5, seed=0,
         overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": scripted_openai.url,
                    "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
                    "sandbox.backend": "process"})
     counts = envs(params)
     wh = Warehouse(db)
     envs_out = wh.load(Environment)
-    assert counts["environments"] == len(envs_out) == 4
+    assert counts["environments"] == len(envs_out) == 4  # the flow carried on past the bad answer
+    bad = [r for r in wh.load(Rejection) if r.reason == "invalid_model_output"]
+    assert len(bad) == 1 and bad[0].stage == "decompose_qa" and bad[0].run_id
     assert all(e.verification.passed for e in envs_out)
     steps = {r["response_format"]["json_schema"]["name"] for r in scripted_openai.chat_requests()}
     assert {"envs.decompose", "envs.verify_qa", "envs.tool_doc", "envs.augment_tool", "envs.implement_tool"} <= steps

@@ -53,7 +53,8 @@ def _prompt(req: dict[str, Any]) -> str:
 class EnvsResponder:
     """Per-step JSON answers for the envs prompts (see module docstring)."""
 
-    def __init__(self, bad_code: str | None = None, not_json_steps: tuple[str, ...] = ()) -> None:
+    def __init__(self, bad_code: str | None = None, not_json_steps: tuple[str, ...] = (),
+                 not_json_variants: tuple[int, ...] = ()) -> None:
         from tasks.knowledge import load_sample
 
         src = load_sample()
@@ -63,10 +64,13 @@ class EnvsResponder:
         src.close()
         self.bad_code = bad_code
         self.not_json_steps = not_json_steps
+        self.not_json_variants = not_json_variants  # decomposition variants answered in prose
 
     def __call__(self, req: dict[str, Any]) -> Reply:
         step = _step(req)
-        if any(step.startswith(s) for s in self.not_json_steps):
+        variant = re.search(r"Variant number[^:]*: (\d+)", _prompt(req))
+        broken = step == "envs.decompose" and variant is not None and int(variant.group(1)) in self.not_json_variants
+        if broken or any(step.startswith(s) for s in self.not_json_steps):
             return Reply(body=chat_completion(content="Sure! Here is what you asked for, in prose."))
         handler = {"envs.decompose": self.decompose, "envs.verify_qa": self.verify, "envs.tool_doc": self.tool_doc,
                    "envs.augment_tool": self.augment, "envs.implement_tool": self.implement,
