@@ -93,3 +93,24 @@ def test_vllm_local_engine_without_vllm_is_a_config_error():
             build_engine("vllm-local", model_path=str(tiny_model_path()))
         return
     pytest.skip("optional: vllm is installed; the in-process engine needs a GPU run")
+
+
+def test_hf_engine_batches_concurrent_requests_and_cuts_each_answer(tokenizer):
+    import torch
+
+    engine = build_engine("hf", model_path=tiny_model_path())
+    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in ("def f(x):", "import os\nimport json", "a")]
+    limits = [3, 7, 5]
+
+    async def main():
+        return await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=n, seed=1))
+                                      for p, n in zip(prompts, limits)))
+
+    gens = asyncio.run(main())
+    assert engine.batches == [3]
+    for prompt, limit, gen in zip(prompts, limits, gens):
+        assert 1 <= len(gen.token_ids) <= limit
+        with torch.no_grad():  # left padding must not change what each row's log-probs mean
+            logits = engine.model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3)
