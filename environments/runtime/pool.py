@@ -477,25 +477,23 @@ LAUNCHERS = {"docker": DockerLauncher, "process": ProcessLauncher}
 
 
 async def create_pool(cfg: SandboxConfig | None = None) -> Pool:
-    """A started pool. backend auto: docker when an engine answers, else process (with a warning)."""
+    """A started pool. backend auto: docker when an engine answers (and its image builds), else process (warned)."""
     cfg = cfg or SandboxConfig()
     backend = cfg.backend
     if backend == "auto":
-        if await asyncio.to_thread(docker_engine_answers):
-            backend = "docker"
-        else:
-            backend = "process"
+        backend = "docker" if await asyncio.to_thread(docker_engine_answers) else "process"
+        if backend == "process":
             log.warning(
                 "no Docker engine answers: using the process sandbox backend (rlimits and namespaces, weaker isolation); "
                 "run scripts/start-docker.sh for containers"
             )
-    launcher = LAUNCHERS[backend](cfg)
     try:
-        await launcher.prepare()
-    except SandboxError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the engine's own errors are translated at this boundary
-        raise SandboxError(f"cannot prepare the {backend} sandbox backend: {err}") from err
+        launcher = await _prepare(backend, cfg)
+    except SandboxError as err:
+        if cfg.backend != "auto" or backend != "docker":
+            raise
+        log.warning("the docker sandbox backend is unusable (%s): falling back to the process backend", err)
+        launcher = await _prepare("process", cfg)
     pool = Pool(cfg, launcher)
     try:
         await pool.start()
@@ -503,6 +501,17 @@ async def create_pool(cfg: SandboxConfig | None = None) -> Pool:
         await pool.shutdown()
         raise
     return pool
+
+
+async def _prepare(backend: str, cfg: SandboxConfig) -> Launcher:
+    launcher = LAUNCHERS[backend](cfg)
+    try:
+        await launcher.prepare()
+    except SandboxError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the engine's own errors are translated at this boundary
+        raise SandboxError(f"cannot prepare the {backend} sandbox backend: {err}") from err
+    return launcher
 
 
 async def run_calls(

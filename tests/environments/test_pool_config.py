@@ -153,3 +153,26 @@ def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) 
     assert [o.outcome for o in obs] == ["ok", "ok", "timeout", "ok", "limit", "ok"]
     assert '"cancelled"' in obs[1].output and '"pending"' in obs[3].output
     assert obs[5].output.endswith(":kept")
+
+
+def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from environments.runtime.transports import DockerLauncher
+    from schemas.errors import SandboxError
+
+    async def broken(self: DockerLauncher) -> None:
+        raise SandboxError("debootstrap is not installed")
+
+    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda: True)
+    monkeypatch.setattr(DockerLauncher, "prepare", broken)
+
+    async def scenario(backend: str) -> str:
+        async with await create_pool(sandbox_config(backend, pool_size=1)) as pool:
+            return pool.backend
+
+    with caplog.at_level(logging.WARNING, logger="arenaforge.sandbox"):
+        assert asyncio.run(scenario("auto")) == "process"
+    assert any("falling back to the process backend" in r.getMessage() for r in caplog.records)
+    with pytest.raises(SandboxError, match="debootstrap"):
+        asyncio.run(scenario("docker"))  # asked for docker explicitly: no silent fallback
