@@ -550,6 +550,10 @@ class Server:
             self._child_died(sess, None)
             return
         sess.buf += chunk
+        if len(sess.buf) > 16 * int(self.limits["output_limit"]) + (1 << 20) and b"\n" not in sess.buf[-len(chunk) :]:
+            # an honest reply is bounded by the output limit: this is tool code writing into the channel
+            self._child_died(sess, "the session process flooded its reply channel")
+            return
         while b"\n" in sess.buf and sess.pending is not None:
             line, sess.buf = sess.buf.split(b"\n", 1)
             try:
