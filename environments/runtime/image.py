@@ -176,4 +176,18 @@ def build_image(client: Any, name: str, force: bool = False) -> str:
     except (docker.errors.BuildError, docker.errors.APIError) as err:
         raise SandboxError(f"building {ref} failed: {err}") from err
     log.info("built sandbox image %s", ref)
+    _remove_old_tags(client, name, ref)
     return ref
+
+
+def _remove_old_tags(client: Any, name: str, keep: str) -> None:
+    """Drop images of earlier recipes (best effort: one still used by a container stays)."""
+    import docker.errors
+
+    for image in client.images.list(name=name):
+        for tag in image.tags:
+            if tag.startswith(f"{name}:") and tag != keep:
+                try:
+                    client.images.remove(tag, noprune=False)
+                except docker.errors.APIError:
+                    pass
