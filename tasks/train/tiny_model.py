@@ -130,8 +130,26 @@ def build_tiny_model(out: str | Path, *, layers: int = 2, hidden: int = 64, seed
 
 
 def ensure_tiny_model(path: str | Path | None = None) -> Path:
-    """The tiny model at `path` (default ~/.cache/arenaforge/tiny-model), built on first use."""
+    """The tiny model at `path` (default ~/.cache/arenaforge/tiny-model), built on first use.
+
+    Built in a sibling temp directory and renamed into place, so concurrent test processes
+    never read a half-written model.
+    """
+    import shutil
+    import tempfile
+
     target = Path(path) if path else DEFAULT_CACHE
     if not (target / "arenaforge.json").exists():
-        build_tiny_model(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            build_tiny_model(tmp)
+            try:
+                tmp.rename(target)
+            except OSError:  # another process finished first (or a stale partial dir is in the way)
+                if not (target / "arenaforge.json").exists():
+                    shutil.rmtree(target, ignore_errors=True)
+                    tmp.rename(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
