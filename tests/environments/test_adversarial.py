@@ -45,7 +45,7 @@ def needs_uid_isolation(h: PoolHandle) -> None:
 def test_infinite_loop_times_out(sandbox: PoolHandle) -> None:
     bad, _ = attack(sandbox, "spin", timeout_s=FAST)
     assert bad.outcome == "timeout"
-    assert FAST <= bad.duration_s < FAST + 3
+    assert FAST <= bad.duration_s < FAST + 10
     assert "Timeout" in bad.text()
 
 
