@@ -173,8 +173,7 @@ class Step:
             return f'SELECT count(*) FROM "{self.table}" WHERE "{self.by}" = {lit}'
         return f'SELECT round(sum("{self.attr}"), 2) FROM "{self.table}" WHERE "{self.by}" = {lit}'
 
-    def question(self, value: Any, parent: str | None = None) -> str:
-        ent = parent or entity(self.table)
+    def question(self, value: Any) -> str:
         if self.op == "lookup":
             return f"What is the {human(self.attr or '')} of the {entity(self.table)} {value}?"
         if self.op == "count":

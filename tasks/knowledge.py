@@ -10,6 +10,7 @@ table's key). What cannot be used becomes a `Rejection` row, never a silent drop
   null_heavy_column    a column that is mostly NULL
   non_ascii_column     a column whose name or most values are not ASCII (questions and
                        tool parameter names are ASCII)
+  long_text_column     a text column whose values are too long to be answers
   no_key_column        a table without a unique, non-null column (unusable)
 
 The source's DuckDB connection is private to the caller's thread; every sub-answer the
