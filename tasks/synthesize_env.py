@@ -236,7 +236,7 @@ class OfflineToolBuilder:
         key_arg: Any = value if ktype != "string" else str(value)
         doc = check_doc({
             "name": name,
-            "description": f"Look up the {human(attr)} of a {entity(step.table)} by its {human(step.by)}. "
+            "description": f"Look up the {human(attr)} of {_article(entity(step.table))} by its {human(step.by)}. "
                            f"Optionally return more fields of the record.",
             "parameters": {
                 "type": "object",
@@ -387,6 +387,10 @@ class _Rows:
             rng.shuffle(out)
             return out
         return rng.sample(self.rows, limit)
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
 
 
 def _typed(value: Any, ptype: str) -> Any:
