@@ -32,7 +32,9 @@ R = TypeVar("R", bound=Record)
 
 _MIGRATED: set[str] = set()
 _MIGRATE_LOCK = threading.Lock()
-_LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process")
+# "Unique file handle conflict": two threads of one process opening the file at the same instant (retrying wins).
+_LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process",
+                 "Unique file handle conflict")
 
 # Arrow schema of every artifact table (see migrations/0001_init.sql).
 _RECORD_ARROW = pa.schema(

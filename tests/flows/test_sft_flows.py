@@ -7,6 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+import flows.sft_flows  # noqa: F401  (imports prefect now: its log handlers bind to the real stderr, not a CliRunner's)
 from flows.cli import app
 from flows.registry import FLOWS, load_flow
 from schemas.models import JudgeScore, Run, Server, Trajectory
@@ -33,7 +34,7 @@ def test_sft_flows_are_registered_with_one_params_model():
         assert flow.name == name and params_model(flow) is not None
 
 
-def test_ingest_graph_sft_export_and_show_end_to_end(tmp_warehouse, tmp_path, monkeypatch):
+def test_ingest_graph_sft_export_and_show_end_to_end(tmp_warehouse, tmp_path, monkeypatch, scripted_openai):
     monkeypatch.setenv("ARENAFORGE_SFT__USE_EMBEDDINGS", "false")
     monkeypatch.setenv("ARENAFORGE_OUT_DIR", str(tmp_path / "out"))
     db = tmp_warehouse.path
@@ -56,6 +57,15 @@ def test_ingest_graph_sft_export_and_show_end_to_end(tmp_warehouse, tmp_path, mo
     assert "checkout" in shown and (tmp_path / "shop.png").read_bytes()[:4] == b"\x89PNG"
     exported = _json(_run(db, "sft", "export", "--out", str(tmp_path / "all")))
     assert exported["samples"] == synth["kept"]
+
+    from tests.tasks.sft_responder import SftResponder
+
+    scripted_openai.responder = SftResponder()  # the same flow on the openai backend
+    model = _json(_run(db, "--backend", "openai", "--base-url", scripted_openai.url, "--model", "scripted",
+                       "sft", "synth", "--server", "weather", "--seed", "4"))
+    assert model["trajectories"] == model["accepted_tasks"] > 0 and model["scored"] == model["trajectories"]
+    judged = tmp_warehouse.load(JudgeScore, where="run_id = ?", params=[model["run_id"]])
+    assert {s.judge for s in judged} == {"model"} and len(judged) == model["scored"]
 
 
 def test_ingest_without_inputs_is_a_one_line_error(tmp_warehouse):
