@@ -53,7 +53,7 @@ def validator(kind: str) -> Draft202012Validator:
 
 
 def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema with every non-recursive `#/$defs/...` reference replaced by its definition."""
+    """The schema with every non-recursive `#/$defs/...` reference replaced by its definition (same constraints)."""
     defs = schema.get("$defs") or {}
 
     def walk(node: Any, stack: tuple[str, ...]) -> Any:
@@ -67,7 +67,9 @@ def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
             body = walk(defs[name], (*stack, name))
             rest = {k: walk(v, stack) for k, v in node.items() if k != "$ref"}
             return {"allOf": [body], **rest} if rest else body
-        return {k: (v if k == "$defs" else walk(v, stack)) for k, v in node.items()}
+        # `additionalProperties: true` is the default; spelled out, jsonschema descends into every extra key.
+        return {k: (v if k == "$defs" else walk(v, stack)) for k, v in node.items()
+                if not (k == "additionalProperties" and v is True)}
 
     return walk(schema, ())
 
