@@ -87,6 +87,24 @@ def _wait(predicate: Any, deadline_s: float, what: str, proc: subprocess.Popen |
         delay = min(delay * 1.5, 1.0)
 
 
+def _die_with_parent(sig: int) -> Any:
+    """preexec_fn: the child gets `sig` if `arenaforge serve` dies without cleaning up (Linux only).
+
+    The server gets SIGTERM; the worker SIGKILL, because with the API gone its graceful shutdown
+    retries forever (its flow runs then fail on their own when they cannot reach the API).
+    """
+
+    def arm() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the normal stop path still applies
+            pass
+
+    return arm
+
+
 def stop_process(proc: subprocess.Popen | None, grace_s: float = 20.0) -> int | None:
     """SIGINT then SIGTERM then SIGKILL to the process's whole group; its exit code."""
     if proc is None or proc.poll() is not None:
@@ -213,6 +231,7 @@ class Stack:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent(signal.SIGTERM),
         )
         log.close()
         _wait(lambda: api_healthy(self.api_url), self.server_timeout_s, "Prefect server", self.server_proc)
@@ -231,6 +250,7 @@ class Stack:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent(signal.SIGKILL),
         )
         log.close()
         _wait(self._worker_online, 60.0, "Prefect worker", self.worker_proc)
@@ -255,7 +275,14 @@ class Stack:
         return self.api_url[: -len("/api")] if self.api_url.endswith("/api") else self.api_url
 
     def wait(self) -> None:
-        """Block until Ctrl-C (or a child dies); the caller's `with` then stops everything."""
+        """Block until Ctrl-C, SIGTERM or a child dies; the caller's `with` then stops everything."""
+
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt
+
+        # SIGINT may arrive ignored (started with `&`/nohup); serve is interactive, so take it back.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, interrupt)
         with contextlib.suppress(KeyboardInterrupt):
             while self.alive():
                 time.sleep(0.5)
