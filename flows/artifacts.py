@@ -204,3 +204,23 @@ def limit(name: str, occupy: int = 1, timeout_s: float | None = None) -> Iterato
 
     with concurrency(name, occupy=occupy, timeout_seconds=timeout_s, strict=False):
         yield
+
+
+def step_curves(
+    steps: Sequence[Any],
+    key: str,
+    out_dir: str | Path,
+    metrics: Sequence[str] = ("loss", "reward", "f1"),
+    title: str = "",
+) -> Path | None:
+    """Plot per-step metrics of training-step records (anything with `.step` and `.metrics`).
+
+    One line per metric in `metrics` that every step reports; None when there is nothing to plot.
+    """
+    ordered = sorted(steps, key=lambda s: s.step)
+    series = {m: [float(s.metrics[m]) for s in ordered if m in s.metrics] for m in metrics}
+    series = {m: v for m, v in series.items() if v and len(v) == len(ordered)}  # metrics every step reports
+    if not series:
+        return None
+    xs = [s.step for s in ordered]
+    return plot_artifact(series, key=key, out_dir=out_dir, title=title or key, xlabel="step", x=xs)
