@@ -399,11 +399,13 @@ def satisfiable(chain: Sequence[Tool], g: nx.DiGraph | None = None) -> list[str]
 
 
 class ChainVerifier(Protocol):
-    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph) -> tuple[bool, list[str]]: ...
+    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
+                     tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]: ...
 
 
 class RuleVerifier:
-    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph) -> tuple[bool, list[str]]:
+    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
+                     tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
         reasons = satisfiable(chain, g)
         return not reasons, reasons
 
@@ -425,7 +427,8 @@ class VoteVerifier:
         self.query_prompt = load_prompt("sft_chain_to_query")
         self.plan_prompt = load_prompt("sft_query_to_chain")
 
-    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph) -> tuple[bool, list[str]]:
+    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
+                     tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
         names = [t.function.name for t in chain]
         tools_text = _tool_lines(chain)
         try:
@@ -439,7 +442,7 @@ class VoteVerifier:
                 return False, [f"majority vote rejected the chain ({yes}/{self.votes})", *reasons]
             query = await complete_json(self.model, "chain_to_query", [{"role": "user", "content": self.query_prompt.render(
                 server=server.name, tools=tools_text, chain=" -> ".join(names))}], QUERY_SCHEMA)
-            all_tools = _tool_lines([t for t in chain])
+            all_tools = _tool_lines(tools or chain)  # the planner chooses among every tool of the server
             plan = await complete_json(self.model, "query_to_chain", [{"role": "user", "content": self.plan_prompt.render(
                 server=server.name, tools=all_tools, query=query["query"])}], PLAN_SCHEMA)
         except (ParseError, ProviderError) as err:
@@ -499,7 +502,7 @@ async def sample_chains(servers: Sequence[Server], tools: dict[str, list[Tool]],
             if walk and walk not in seen and all(n in by_name for n in walk):
                 seen.add(walk)
                 jobs.append((s, [by_name[n] for n in walk], g))
-    verdicts = await asyncio.gather(*[verifier.verify(s, chain, g) for s, chain, g in jobs])
+    verdicts = await asyncio.gather(*[verifier.verify(s, chain, g, tools.get(s.name, [])) for s, chain, g in jobs])
     for (s, chain, _), (ok, reasons) in zip(jobs, verdicts, strict=True):
         record = ToolChain(server=s.name, tools=[t.function.name for t in chain], verified=ok, reasons=reasons,
                            parents=[t.id for t in chain], run_id=run_id, provenance=provenance)

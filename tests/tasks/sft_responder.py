@@ -17,6 +17,19 @@ from tests.support.scripted_openai import chat_completion
 _TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
 
 
+def _chain(prompt: str) -> list[str]:
+    match = re.search(r"in exactly this order: (.+)", prompt)
+    return [n.strip() for n in match.group(1).split("->")] if match else []
+
+
+def _named_in_query(prompt: str, names: list[str]) -> list[str]:
+    """The listed tools whose spaced names the quoted query mentions, in order of mention."""
+    query = re.search(r'asks:\n"(.*)"', prompt, re.DOTALL)
+    text = query.group(1) if query else ""
+    found = [(text.find(n.replace("_", " ")), n) for n in names]
+    return [n for pos, n in sorted(found) if pos >= 0]
+
+
 class SftResponder:
     def __init__(self) -> None:
         self.reject_chains = False
@@ -34,8 +47,8 @@ class SftResponder:
         answers = {
             "propose_chains": lambda: {"chains": [names[i:i + 2] for i in range(0, max(len(names) - 1, 1))] or [names]},
             "verify_chain": lambda: {"valid": not self.reject_chains, "reason": "each input comes from the user or an earlier output"},
-            "chain_to_query": lambda: {"query": f"Please use the service to handle my request about {names[0] if names else 'it'}."},
-            "query_to_chain": lambda: {"tools": names},
+            "chain_to_query": lambda: {"query": "Please " + ", then ".join(n.replace("_", " ") for n in _chain(prompt)) + "."},
+            "query_to_chain": lambda: {"tools": _named_in_query(prompt, names)},
             "write_query": lambda: {"query": "I am in Oslo next week; what will the weather be and is the air clean?"},
             "augment_query": lambda: {"query": "As a cyclist in Oslo, tell me next week's forecast and the air quality.",
                                       "persona": "cyclist"},

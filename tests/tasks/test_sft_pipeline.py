@@ -214,3 +214,21 @@ def test_tools_with_code_run_in_the_sandbox(tmp_warehouse, tmp_path, monkeypatch
     call = json.loads(chained.messages[2].tool_calls[0].function.arguments)
     assert results[0] == {"miles": round(call["km"] * 0.621371, 3)}
     assert results[1] == {"rounded": int(round(results[0]["miles"]))}  # the agent passed the real output on
+
+
+def test_live_mcp_server_answers_the_agent(tmp_warehouse):
+    import sys
+
+    time_server = str(Path(sys.executable).parent / "mcp-server-time")
+    cfg = Config(sft=SftConfig(use_embeddings=False, augmentations=[], chains_per_server=2))
+    wh = tmp_warehouse
+    sft_stages.ingest(cfg, wh, "r", mcp=[time_server])
+    sft_stages.build_graphs(cfg, wh, "r")
+    chains, _ = sft_stages.sample_chains(cfg, wh, "r", seed=0)
+    task_ids, _ = sft_stages.synthesize_tasks(cfg, wh, "r", chains, seed=0)
+    _, counts = sft_stages.run_trajectories(cfg, wh, "r", task_ids, seed=0)
+    trajectories = wh.load(Trajectory)
+    assert counts["trajectories"] == len(task_ids) > 0 and counts["faults_injected"] == 0
+    assert {t.executor for t in trajectories} == {"mcp"} and {t.fault_rate for t in trajectories} == {0.0}
+    answers = [json.loads(m.content) for t in trajectories for m in t.messages if m.role == "tool"]
+    assert answers and all(isinstance(a, dict) and "datetime" in json.dumps(a) for a in answers)  # the live server

@@ -131,10 +131,10 @@ def test_openai_graph_proposes_and_verifies_with_votes_and_back_translation(scri
         assert pairs[("get_air_quality", "get_forecast")] == "model"
         g = tool_graph.build_graph(tools["weather"], edges)
         by = {t.function.name: t for t in tools["weather"]}
-        ok, reasons = asyncio.run(verifier.verify(servers["weather"], [by["geocode_city"], by["get_forecast"]], g))
+        ok, reasons = asyncio.run(verifier.verify(servers["weather"], [by["geocode_city"], by["get_forecast"]], g, tools["weather"]))
         assert ok and reasons == []
         responder.reject_chains = True
-        ok, reasons = asyncio.run(verifier.verify(servers["weather"], [by["geocode_city"], by["get_forecast"]], g))
+        ok, reasons = asyncio.run(verifier.verify(servers["weather"], [by["geocode_city"], by["get_forecast"]], g, tools["weather"]))
         assert not ok and "majority vote" in reasons[0]
     steps = Counter(r["response_format"]["json_schema"]["name"] for r in scripted_openai.chat_requests())
     assert steps == {"propose_chains": 1, "verify_chain": 6, "chain_to_query": 1, "query_to_chain": 1}
