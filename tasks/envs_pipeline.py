@@ -211,9 +211,11 @@ async def _build(cfg: Config, wh: Warehouse, run_id: str | None, spec: EnvsSpec,
         ver = Verification(passed=all(all_checks.values()), checks=all_checks,
                            details=[f"tools verified after {draft.attempt + 1} attempt(s)", *details])
         if not ver.passed:
-            rejections.append(Rejection(stage="self_test", subject=draft.qa.id, reason="self_test_failed",
+            infra = any(d.startswith("sandbox_failure") for d in details)
+            rejections.append(Rejection(stage="self_test", subject=draft.qa.id,
+                                        reason="sandbox_failure" if infra else "self_test_failed",
                                         detail="; ".join(details), parents=[draft.qa.id], run_id=run_id,
-                                        payload={"checks": all_checks}))
+                                        payload={"checks": all_checks}, environment_failure=infra))
             continue
         final = env.model_copy(update={"verification": ver, "run_id": run_id})
         final = Environment.model_validate(final.model_dump(exclude={"id"}))  # id over the final content
