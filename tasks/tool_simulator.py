@@ -110,6 +110,9 @@ def _string_for(name: str, rng: random.Random, hint: str = "", fmt: str | None =
                 schema: dict[str, Any] | None = None) -> str:
     n = _norm(name)
     fmt = fmt or ""
+    described = str((schema or {}).get("description", ""))
+    if "HH:MM" in described or fmt == "time":
+        return f"{rng.randint(6, 22):02d}:{rng.choice(['00', '15', '30', '45'])}"
     if fmt == "date" or n.endswith("date") or n in ("day", "checkin", "checkout"):
         return f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
     if fmt == "date-time" or n.endswith("time") and "zone" not in n or n.endswith("at"):
