@@ -25,7 +25,8 @@ from schemas.errors import ConfigError, InputError
 SYNTHESIS_FLOWS = ("ingest", "graph", "sft", "envs")  # the ones worth a schedule
 _DEPLOYMENT_TAGS = {
     "ingest": ["synthesis"], "graph": ["synthesis"], "sft": ["synthesis"], "envs": ["synthesis"],
-    "rollout": ["training"], "train-grpo": ["training"], "train-sft": ["training"], "eval": ["evaluation"],
+    "rollout": ["training"], "train-grpo": ["training"], "train-sft": ["training"], "warmstart": ["training"],
+    "eval": ["evaluation"],
 }
 
 
