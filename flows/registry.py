@@ -19,6 +19,7 @@ FLOWS: dict[str, str] = {
     "rollout": "flows.train_flows:rollout",
     "train-grpo": "flows.train_flows:train_grpo",
     "train-sft": "flows.train_flows:train_sft",
+    "warmstart": "flows.train_flows:warmstart",
     "eval": "flows.train_flows:evaluate",
 }
 

@@ -1,4 +1,4 @@
-"""Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `eval`.
+"""Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `warmstart`, `eval`.
 
 Composition only: each flow takes one params model (typed forms in the UI), runs the matching
 job from `tasks.train.jobs` as one task, and leaves a summary artifact. Jobs record their own
@@ -16,11 +16,12 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.artifacts import SANDBOX, summary_table
 from tasks.train import jobs
-from tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams
+from tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 
 rollout_task = task(jobs.rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
 grpo_task = task(jobs.grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])
 sft_task = task(jobs.sft_job, name="sft-steps", cache_policy=NO_CACHE)
+warmstart_task = task(jobs.warmstart_job, name="warmstart-data", cache_policy=NO_CACHE, tags=[SANDBOX])
 eval_task = task(jobs.eval_job, name="evaluate", cache_policy=NO_CACHE, tags=[SANDBOX])
 
 
@@ -44,6 +45,12 @@ def train_grpo(params: GrpoParams) -> dict[str, Any]:
 @flow(name="train-sft")
 def train_sft(params: SftParams) -> dict[str, Any]:
     return _summarise("train-sft", sft_task(params))
+
+
+@flow(name="warmstart")
+def warmstart(params: WarmstartParams) -> dict[str, Any]:
+    """Warm-start SFT data: each environment's gold calls replayed in the sandbox, as messages+tools JSONL."""
+    return _summarise("warmstart", warmstart_task(params))
 
 
 @flow(name="eval")

@@ -51,6 +51,9 @@ def grpo_cmd(
     roc: bool = typer.Option(False, help="Resample-on-Correct (oversample 2G, keep G)."),
     max_groups_per_step: int = typer.Option(32, help="Stop filling a batch after this many groups."),
     lr: float = typer.Option(2e-6, help="Learning rate (constant)."),
+    temperature: float = typer.Option(1.0, help="Rollout sampling temperature."),
+    warmstart_steps: int = typer.Option(0, help="First SFT this many steps on the envs' gold-call conversations."),
+    warmstart_lr: float = typer.Option(5e-3, help="Warm-start SFT learning rate."),
     max_turns: int = typer.Option(4), max_length: int = typer.Option(512), max_tokens_per_turn: int = typer.Option(64),
     env_limit: int = typer.Option(None, help="Use at most this many environments."),
     split: str = typer.Option("train", help="Environment split: all, train or eval."),
@@ -68,11 +71,27 @@ def grpo_cmd(
         **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
         experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
         delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, lr=lr, checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
+        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
         envs=EnvSelection(limit=env_limit, split=split),
-        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn),
+        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                              temperature=temperature),
         verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
     )
     _echo(train_grpo(params))
+
+
+@app.command("warmstart")
+def warmstart_cmd(
+    ctx: typer.Context,
+    out: str = typer.Option(..., "--out", help="Directory to write warmstart.jsonl to."),
+    env_limit: int = typer.Option(None, help="Use at most this many environments."),
+    split: str = typer.Option("train", help="Environment split: all, train or eval."),
+) -> None:
+    """Warm-start SFT data: gold calls replayed in the sandbox, as OpenAI messages+tools JSONL."""
+    from flows.train_flows import warmstart
+    from tasks.train.jobs import EnvSelection, WarmstartParams
+
+    _echo(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split))))
 
 
 @app.command("sft")

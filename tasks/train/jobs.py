@@ -110,7 +110,15 @@ class GrpoParams(PolicyParams):
     keep_optimizer: int = Field(default=2, ge=1, le=2)
     concurrency: int = Field(default=32, ge=1)
     seed: int = 0
+    warmstart_steps: int = Field(default=0, ge=0, description="SFT steps on the envs' gold-call conversations first.")
+    warmstart_lr: float = Field(default=5e-3, gt=0, description="Warm-start SFT learning rate.")
+    warmstart_batch_size: int = Field(default=2, ge=1)
     verl: VerlParams = VerlParams()
+
+
+class WarmstartParams(_Params):
+    out: str = Field(description="Directory for warmstart.jsonl.")
+    envs: EnvSelection = EnvSelection(split="train")
 
 
 class SftParams(_Params):
@@ -262,12 +270,19 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
     out = _out_dir(cfg, params.out_dir, params.experiment)
     if not params.verl.ray_address and cfg.train.ray_address:  # a configured cluster: scale out
         params = params.model_copy(update={"verl": params.verl.model_copy(update={"ray_address": cfg.train.ray_address})})
+    if params.warmstart_steps and (params.engine == "vllm" or params.verl.ray_address or params.verl.spec_only):
+        raise ConfigError("--warmstart-steps trains a local copy (engines hf, vllm-local); for a vllm server or verl "
+                          "run `train warmstart` + `train sft` and serve/pass that checkpoint")
     if params.verl.ray_address or params.verl.spec_only:
         return verl_job(params, cfg, wh, envs, out)
     from tasks.train.grpo import GrpoConfig
     from tasks.train.run_grpo import GrpoRunConfig, train_grpo
 
     path = model_path_for(params.model_path)
+    warm: dict[str, Any] = {}
+    if params.warmstart_steps:
+        warm = warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
+        path = warm["checkpoint"]
     run_cfg = GrpoRunConfig(
         out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
         delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
@@ -283,7 +298,55 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
     last = summary.metrics[-1] if summary.metrics else {}
     return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
             "last_step": summary.last_step, "resumed_from": summary.resumed_from, "checkpoints": summary.checkpoints,
-            "last_metrics": last}
+            "last_metrics": last, **({"warmstart": warm} if warm else {})}
+
+
+async def _warmstart_examples(cfg: Config, envs: Sequence[Environment]) -> tuple[list[dict[str, Any]], list[Any]]:
+    from tasks.train.warmstart import warmstart_examples
+
+    return await _with_pool(cfg, lambda pool: warmstart_examples(pool, envs))
+
+
+def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], model_path: str,
+                  out: Path) -> dict[str, Any]:
+    """SFT from `model_path` on the gold-call conversations of `envs` (`out`); returns its final checkpoint.
+
+    Re-running the same experiment resumes (or, when done, reuses) the warm-start checkpoints.
+    """
+    from tasks.train.checkpoints import CheckpointManager
+    from tasks.train.sft import SftConfig, train_sft
+    from tasks.train.warmstart import write_jsonl
+
+    with recorded_run(wh, "train-warmstart", params.model_dump(mode="json")) as (run, counts):
+        examples, rejections = asyncio.run(_warmstart_examples(cfg, envs))
+        counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
+        if not examples:
+            raise InputError(f"warm start: no environment's gold calls replay cleanly ({len(rejections)} rejected)")
+        data = write_jsonl(examples, out / "warmstart.jsonl")
+        sft_cfg = SftConfig(out_dir=str(out), epochs=10**6, max_steps=params.warmstart_steps,
+                            batch_size=params.warmstart_batch_size, lr=params.warmstart_lr,
+                            checkpoint_every=params.warmstart_steps, keep_optimizer=1, seed=params.seed,
+                            device=params.device)
+        summary = train_sft(sft_cfg, model_path, data, wh, run.id)
+        counts["steps"] = summary.last_step - summary.first_step + 1
+    final = CheckpointManager(out).checkpoints()[-1]
+    return {"checkpoint": str(final.path), "examples": len(examples), "rejected": len(rejections),
+            "steps": final.step, "last_loss": summary.metrics[-1]["loss"] if summary.metrics else None}
+
+
+def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
+    """Write the warm-start SFT conversations of the selected environments to <out>/warmstart.jsonl."""
+    from tasks.train.warmstart import write_jsonl
+
+    cfg = config_for(params)
+    wh = warehouse_for(cfg)
+    envs = select_envs(wh, params.envs)
+    with recorded_run(wh, "warmstart", params.model_dump(mode="json")) as (run, counts):
+        examples, rejections = asyncio.run(_warmstart_examples(cfg, envs))
+        counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
+        path = write_jsonl(examples, Path(params.out) / "warmstart.jsonl")
+        counts["examples"] = len(examples)
+    return {"run_id": run.id, "path": str(path), "examples": len(examples), "rejected": len(rejections)}
 
 
 def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], out: Path) -> dict[str, Any]:

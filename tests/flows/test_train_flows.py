@@ -1,8 +1,11 @@
-"""Training flows end to end through the CLI: GRPO (hf and vllm engines) with resume, verl spec, SFT, eval, rollout."""
+"""Training flows end to end through the CLI: GRPO (hf and vllm engines) with resume, warm start, verl spec, SFT,
+eval, rollout."""
 
 from __future__ import annotations
 
 import json
+import statistics
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +13,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from flows.registry import FLOWS, load_flow
 from schemas.kinds_training import Checkpoint, EvalRun, TrainStep
-from schemas.models import Rollout, Run
+from schemas.models import Environment, Rollout, Run
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
@@ -54,7 +57,7 @@ def _run(wh, *args):
 def test_flows_are_registered_with_one_params_model():
     from flows.deployments import params_model
 
-    for name in ("rollout", "train-grpo", "train-sft", "eval"):
+    for name in ("rollout", "train-grpo", "train-sft", "warmstart", "eval"):
         flow = load_flow(name)
         assert flow.name == name and params_model(flow) is not None
     assert FLOWS["train-grpo"] == "flows.train_flows:train_grpo"
@@ -74,6 +77,37 @@ def test_grpo_hf_engine_writes_metrics_checkpoints_and_resumes(wh, tmp_path):
     assert [c.step for c in wh.load(Checkpoint)] == [1, 2]
     assert {r.engine for r in wh.load(Rollout)} == {"hf"}
     assert [r.status for r in wh.load(Run) if r.flow == "train-grpo"] == ["completed", "completed"]
+
+
+@pytest.mark.slow
+def test_grpo_after_warmstart_learns_on_the_tiny_model(wh, tmp_path):
+    """Warm start (60 SFT steps on gold-call replays), then GRPO with the hf engine: rewards and real updates."""
+    common = ["train", "grpo", "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--split", "all",
+              "--warmstart-steps", "60"]
+    out = _run(wh, *common, "--steps", "2")
+    assert out["warmstart"]["steps"] == 60 and out["warmstart"]["examples"] == 2
+    assert out["warmstart"]["last_loss"] < 0.1
+    steps = [s for s in wh.load(TrainStep) if s.algorithm == "grpo"]
+    assert [s.step for s in steps] == [1, 2]
+    assert any("skipped" not in s.metrics and s.metrics["groups_used"] > 0 and s.metrics["grad_norm"] > 0
+               for s in steps)
+    assert statistics.fmean(s.metrics["reward"] for s in steps) > 0
+    assert [c.step for c in wh.load(Checkpoint) if c.algorithm == "grpo"] == [1, 2]
+    assert (Path(out["checkpoints"][-1]) / "config.json").exists()
+    assert [s.step for s in wh.load(TrainStep) if s.algorithm == "sft"] == list(range(1, 61))
+    again = _run(wh, *common, "--steps", "3")  # resume: the warm start is reused, GRPO continues
+    assert again["first_step"] == 3 and again["warmstart"]["steps"] == 60
+    assert len([s for s in wh.load(TrainStep) if s.algorithm == "sft"]) == 60
+
+
+def test_warmstart_command_writes_sft_jsonl(wh, tmp_path):
+    out = _run(wh, "train", "warmstart", "--out", str(tmp_path), "--split", "all")
+    assert (out["examples"], out["rejected"]) == (2, 0)
+    rows = [json.loads(line) for line in Path(out["path"]).read_text().splitlines()]
+    gold = {e.question: e.gold_answers for e in wh.load(Environment)}
+    assert {r["messages"][1]["content"] for r in rows} == set(gold)
+    for r in rows:  # the observations come from running the gold calls in the process sandbox
+        assert [m["content"] for m in r["messages"] if m["role"] == "tool"] == gold[r["messages"][1]["content"]]
 
 
 def test_grpo_vllm_engine_against_scripted_server(wh, tmp_path):

@@ -1,0 +1,57 @@
+"""Warm-start SFT data: gold calls replayed in a sandbox session, the same tokens a solving rollout produces."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from schemas.models import GoldCall
+from tasks.train.sft import encode, load_examples
+from tasks.train.warmstart import warmstart_examples, write_jsonl
+from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
+
+
+def test_conversation_replays_gold_calls_in_the_sandbox():
+    env = tiny_env()
+    examples, rejections = asyncio.run(warmstart_examples(InProcessPool(), [env]))
+    assert rejections == [] and len(examples) == 1
+    messages = examples[0]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert messages[1]["content"] == env.question
+    call = messages[2]["tool_calls"][0]
+    assert call["function"]["name"] == "get_capital"
+    assert json.loads(call["function"]["arguments"]) == {"country": "Freedonia"}
+    assert [messages[3]["content"], messages[5]["content"]] == ["Quaxton", "81234"]  # observations from running the code
+    assert messages[-1]["content"] == "The answer is 81234."
+    assert examples[0]["tools"] == [t.as_openai_tool() for t in env.tools]
+
+
+def test_tokens_equal_a_solving_rollout(tmp_path):
+    """Warm-start prompts are the rollout's prompts: the SFT sequence is the rollout's token sequence."""
+    from transformers import AutoTokenizer
+
+    from tasks.policy.scripted import ScriptedEngine
+    from tasks.rl_rollout import RolloutConfig, run_episode
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+    env = tiny_env()
+    examples, _ = asyncio.run(warmstart_examples(InProcessPool(), [env]))
+    path = write_jsonl(examples, tmp_path / "ws.jsonl")
+    ids, mask = encode(tok, load_examples(path)[0], 4096)
+    episode = asyncio.run(run_episode(ScriptedEngine(tok, solving_policy(env)), tok, InProcessPool(), env,
+                                      RolloutConfig(max_turns=4)))
+    rollout = episode.rollout
+    assert rollout.reward.f1 == 1.0
+    sequence = rollout.prompt_ids + rollout.response_ids
+    assert ids[: len(sequence)] == sequence and tok.decode(ids[len(sequence):]) == "\n"
+    # trained tokens are exactly the engine's tokens of the rollout
+    assert mask[len(rollout.prompt_ids): len(sequence)] == rollout.response_mask
+
+
+def test_envs_whose_gold_calls_fail_are_rejected():
+    broken = tiny_env(country="Sylvania").model_copy(
+        update={"calls": [GoldCall(tool="get_capital", arguments={"country": "Nowhere"})]})
+    no_calls = tiny_env(country="Borduria").model_copy(update={"calls": []})
+    examples, rejections = asyncio.run(warmstart_examples(InProcessPool(), [tiny_env(), broken, no_calls]))
+    assert len(examples) == 1 and examples[0]["env_id"] == tiny_env().id
+    assert sorted(r.reason for r in rejections) == ["gold_call_failed", "no_gold_calls"]
