@@ -10,6 +10,7 @@ import importlib
 import inspect
 import json
 import pkgutil
+import typing
 from typing import Any
 
 import typer
@@ -24,7 +25,11 @@ def _register(name: str, main: Any) -> None:
         result = main(**kwargs)
         typer.echo(json.dumps(result, indent=2, default=str))
 
-    command.__signature__ = inspect.signature(main)  # type: ignore[attr-defined]
+    # Resolve string annotations (modules use `from __future__ import annotations`) so typer
+    # sees real types: `bool` parameters then become --flag/--no-flag switches.
+    hints = typing.get_type_hints(main)
+    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(main).parameters.values()]
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = main.__doc__
     app.command(name=name)(command)
 

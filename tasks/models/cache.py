@@ -8,9 +8,11 @@ answer received up to the last ~0.2 s and resumes from there.
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import threading
-import uuid
+import time
 from typing import Any
 
 from tasks.models.base import ChatResponse
@@ -42,6 +44,9 @@ class ResponseCache:
         self._load()[key] = raw
         self._writer.add({"key": key, "model": self.model, "request": json.dumps(request), "response": raw})
 
+    def _next_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
+
     def close(self) -> None:
         self._writer.close()
 
@@ -54,12 +59,15 @@ class UsageLedger:
 
     def __init__(self, wh: Warehouse, run_id: str | None) -> None:
         self.run_id = run_id
+        # Unique across processes and restarts without a uuid4 (os.urandom) per call.
+        self._prefix = f"{os.getpid():x}-{time.time_ns():x}"
+        self._counter = itertools.count()
         self._writer = BufferedTableWriter(wh, "llm_calls", self.COLUMNS, key="call_id")
 
     def record(self, key: str, step: str, model: str, response: ChatResponse, latency_s: float) -> None:
         self._writer.add(
             {
-                "call_id": uuid.uuid4().hex,  # a ledger entry per event, not a content record
+                "call_id": self._next_id(),  # a ledger entry per event, not a content record
                 "key": key,
                 "run_id": self.run_id,
                 "step": step,
@@ -72,6 +80,9 @@ class UsageLedger:
                 "latency_s": latency_s,
             }
         )
+
+    def _next_id(self) -> str:
+        return f"{self._prefix}-{next(self._counter)}"
 
     def close(self) -> None:
         self._writer.close()

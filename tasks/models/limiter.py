@@ -40,7 +40,7 @@ class AdaptiveLimiter:
         finally:
             async with cond:
                 self.in_flight -= 1
-                cond.notify_all()
+                cond.notify(1)  # one slot freed: wake one waiter, not the whole queue
 
     def on_success(self) -> None:
         step = 1.0 if self.slow_start else 1.0 / self.limit
@@ -60,7 +60,7 @@ class AdaptiveLimiter:
 
         async def _notify() -> None:
             async with cond:
-                cond.notify_all()
+                cond.notify(1)  # the limit grew by one slot
 
         with contextlib.suppress(RuntimeError):
             asyncio.get_running_loop().create_task(_notify())
