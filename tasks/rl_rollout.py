@@ -27,7 +27,7 @@ import json
 import re
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from environments.reward import f1_reward
@@ -39,6 +39,7 @@ IM_END = "<|im_end|>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN = "<tool_call>"
 FAILED_OUTCOMES = ("error", "timeout", "limit")
+GROUP_SEED_STRIDE = 1_000_000  # stream_groups: group k samples with seed + k * stride (keeps seed // 1000 % 2)
 DEFAULT_SYSTEM = (
     "You are a careful assistant with tools. Call tools to find every fact the question needs, "
     "then answer briefly without calling a tool."
@@ -267,6 +268,8 @@ async def stream_groups(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool,
 
     Up to `in_flight_groups` groups run at once (episodes capped by `concurrency`), so while
     one episode waits on a tool call others are generating. The caller stops by breaking out.
+    With a seed, group k samples with `seed + k * GROUP_SEED_STRIDE`: repeated groups of one
+    environment draw new samples instead of replaying the same ones.
     """
     if not envs:
         return
@@ -277,8 +280,9 @@ async def stream_groups(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool,
     def launch() -> None:
         nonlocal counter
         env = envs[counter % len(envs)]
+        group_cfg = cfg if cfg.seed is None else replace(cfg, seed=cfg.seed + GROUP_SEED_STRIDE * counter)
         pending.add(asyncio.create_task(
-            run_group(engine, tokenizer, pool, env, cfg, group_size, f"{env.id}:{counter}", limiter)))
+            run_group(engine, tokenizer, pool, env, group_cfg, group_size, f"{env.id}:{counter}", limiter)))
         counter += 1
 
     try:

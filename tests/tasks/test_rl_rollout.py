@@ -129,3 +129,27 @@ def test_env_failures_become_tagged_rejections(tokenizer):
     ok = asyncio.run(run_episode(engine, tokenizer, InProcessPool(), env, RolloutConfig())).rollout
     [rejection] = env_failure_rejections([failed, ok])
     assert rejection.environment_failure and rejection.subject == failed.id and "died" in rejection.detail
+
+
+def test_stream_groups_give_each_group_new_seeds(tokenizer):
+    from tasks.rl_rollout import GROUP_SEED_STRIDE, stream_groups
+
+    seeds: list[int] = []
+
+    def respond(_prompt, _index):
+        seeds.append(engine.params.seed)
+        return "no idea"
+
+    engine = ScriptedEngine(tokenizer, respond)
+
+    async def three_groups():
+        stream = stream_groups(engine, tokenizer, InProcessPool(), [tiny_env()], RolloutConfig(seed=7), 2,
+                               in_flight_groups=1)
+        try:
+            return [await anext(stream) for _ in range(3)]
+        finally:
+            await stream.aclose()
+
+    asyncio.run(three_groups())
+    assert sorted(seeds)[:6] == sorted(7 + k * GROUP_SEED_STRIDE + 1000 * i for k in range(3) for i in range(2))
+    assert len(set(seeds)) == len(seeds)  # no group replays another's samples
