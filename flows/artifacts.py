@@ -114,6 +114,7 @@ class Progress:
         self.done = 0
         self._shown = -1.0
         self._id: UUID | None = None
+        self._bar = _terminal_bar(description or key, self.total)
         if in_prefect_run():
             from prefect.artifacts import create_progress_artifact
 
@@ -129,6 +130,11 @@ class Progress:
 
     def set(self, done: int) -> None:
         self.done = done
+        if self._bar is not None:
+            progress_bar, task_id = self._bar
+            progress_bar.update(task_id, completed=min(done, self.total))
+            if done >= self.total:
+                progress_bar.stop()
         pct = round(self.percent)
         if self._id is None or pct <= self._shown:
             return
@@ -136,6 +142,20 @@ class Progress:
 
         update_progress_artifact(artifact_id=self._id, progress=float(pct))
         self._shown = pct
+
+
+def _terminal_bar(description: str, total: int) -> Any:
+    """A rich progress bar on stderr when a person is watching (a TTY), else None."""
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import Progress as RichProgress
+
+    bar = RichProgress(console=Console(stderr=True), transient=False)
+    bar.start()
+    return bar, bar.add_task(description, total=total)
 
 
 def progress(key: str, total: int, description: str | None = None) -> Progress:

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow, task
 from pydantic import BaseModel, Field
 
-from flows.artifacts import MODEL_ENDPOINT, run_summary
+from flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from schemas.config import Config, load_config
 from tasks import sft_stages
 from warehouse import Warehouse
@@ -124,14 +124,19 @@ def sft(params: SftParams) -> dict[str, Any]:
     wh = _warehouse(cfg)
     seed = cfg.seed if params.seed is None else params.seed
     with recorded_run(wh, "sft", params.model_dump(mode="json")) as (run, counts):
+        bar = progress("sft-stages", 4, "sft: chains, tasks, trajectories, judge")
         chain_ids, c = sample_chains_task(params, run.id, seed)
         counts.update(c)
+        bar.advance()
         task_ids, c = synthesize_tasks_task(params, run.id, chain_ids, seed)
         counts.update(c)
+        bar.advance()
         trajectory_ids, c = trajectories_task(params, run.id, task_ids, seed)
         counts.update(c)
+        bar.advance()
         _, c = judge_task(params, run.id, trajectory_ids)
         counts.update(c)
+        bar.advance()
         extra = {}
         if params.export_dir:
             report = export_task(params, run.id)

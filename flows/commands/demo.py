@@ -72,7 +72,7 @@ def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
     return [
-        ("train-grpo", lambda: train_grpo(GrpoParams(steps=2, out_dir=str(out_dir / "train"), **base))),
+        ("train-grpo", lambda: train_grpo(GrpoParams(steps=2, warmstart_steps=60, out_dir=str(out_dir / "train"), **base))),
         ("eval", lambda: evaluate(EvalParams(**base))),
     ]
 
