@@ -14,7 +14,8 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.artifacts import SANDBOX, summary_table
+from flows.artifacts import SANDBOX, step_curves, summary_table
+from schemas.kinds_training import TrainStep
 from tasks.train import jobs
 from tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 
@@ -31,6 +32,16 @@ def _summarise(title: str, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _curves(title: str, result: dict[str, Any], params: Any) -> dict[str, Any]:
+    """This run's per-step loss/reward as a plot artifact (PNG also under the config's out_dir)."""
+    if result.get("run_id"):
+        cfg = jobs.config_for(params)
+        steps = jobs.warehouse_for(cfg).load(TrainStep, where="run_id = ?", params=[result["run_id"]])
+        experiment = result.get("experiment", "")
+        step_curves(steps, key=f"{title}-{experiment}-curves", out_dir=cfg.out_dir, title=f"{title} {experiment}")
+    return result
+
+
 @flow(name="rollout")
 def rollout(params: RolloutParams) -> dict[str, Any]:
     return _summarise("rollout", rollout_task(params))
@@ -39,12 +50,12 @@ def rollout(params: RolloutParams) -> dict[str, Any]:
 @flow(name="train-grpo")
 def train_grpo(params: GrpoParams) -> dict[str, Any]:
     """GRPO on one node, or the verl job (submitted as a Ray job when verl.ray_address is set)."""
-    return _summarise("train-grpo", grpo_task(params))
+    return _curves("train-grpo", _summarise("train-grpo", grpo_task(params)), params)
 
 
 @flow(name="train-sft")
 def train_sft(params: SftParams) -> dict[str, Any]:
-    return _summarise("train-sft", sft_task(params))
+    return _curves("train-sft", _summarise("train-sft", sft_task(params)), params)
 
 
 @flow(name="warmstart")

@@ -101,6 +101,8 @@ def _fill_train_sft(page: Any, data: Path, experiment: str, epochs: str) -> None
 def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, browser: Any, sft_data: Path, tmp_path: Path) -> None:
     from playwright.sync_api import expect
 
+    from prefect.client.orchestration import get_client
+
     from schemas.kinds_training import TrainStep
 
     ui = served.ui_url()
@@ -117,8 +119,9 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     _open_custom_run(page, ui, "train-sft")
     _fill_train_sft(page, sft_data, "ui-sft", "2")
     page.get_by_role("button", name="Submit").click()
-    expect(page.get_by_text("scheduled to start").first).to_be_visible()
-    (run,) = _wait_for_runs(served, "ui-sft", 1)  # exactly one run for one Submit
+    runs = _wait_for_runs(served, "ui-sft", 1, timeout_s=120)
+    assert len(runs) == 1, "one Submit, one run; the page says: " + page.inner_text("body")[-600:]
+    (run,) = runs
     page.goto(f"{ui}/runs/flow-run/{run.id}")  # watch it in the UI
     expect(page.get_by_text("Completed").first).to_be_visible(timeout=240_000)
     (run,) = _wait_for_runs(served, "ui-sft", 1)
@@ -130,6 +133,14 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     assert sorted(s.step for s in steps) == [1, 2] and {s.algorithm for s in steps} == {"sft"}
     _, runs = served.warehouse.query("SELECT status FROM v_runs WHERE id = ?", [steps[0].run_id])
     assert runs == [("completed",)]
+    # and its artifacts: the summary table and the loss curve
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with served.client_settings(), get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    by_key = {a.key: a.data for a in found}
+    assert "| experiment | ui-sft |" in by_key[f"train-sft-{steps[0].run_id}"]
+    assert "data:image/png;base64," in by_key["train-sft-ui-sft-curves"]
 
     # the README screenshot: the deployments page, with the run's activity
     page.goto(f"{ui}/deployments")
