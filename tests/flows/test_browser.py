@@ -74,6 +74,18 @@ def _wait_for_runs(served: Any, tag: str, n: int, timeout_s: float = 30) -> list
             time.sleep(0.2)  # polling the API with a deadline
 
 
+def _wait_final(served: Any, flow_run_id: Any, timeout_s: float = 120) -> Any:
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with served.client_settings(), get_client(sync_client=True) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if (run.state and run.state.is_final()) or time.monotonic() > deadline:
+                return run
+            time.sleep(0.2)  # polling the API with a deadline
+
+
 def _open_custom_run(page: Any, ui: str, deployment: str) -> None:
     page.goto(f"{ui}/deployments")
     page.get_by_role("link", name=deployment, exact=True).first.click()
@@ -123,8 +135,11 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     assert len(runs) == 1, "one Submit, one run; the page says: " + page.inner_text("body")[-600:]
     (run,) = runs
     page.goto(f"{ui}/runs/flow-run/{run.id}")  # watch it in the UI
-    expect(page.get_by_text("Completed").first).to_be_visible(timeout=240_000)
-    (run,) = _wait_for_runs(served, "ui-sft", 1)
+    expect(page.get_by_text("Completed").first).to_be_visible(timeout=240_000)  # its task run, then the flow run
+    run = _wait_final(served, run.id)
+    assert len(_wait_for_runs(served, "ui-sft", 2, timeout_s=0)) == 1, "one Submit, one run"
+    page.reload()
+    expect(page.locator(".state-badge", has_text="Completed").first).to_be_visible()
     assert run.state.is_completed(), run.state
     assert run.parameters["params"]["epochs"] == 2 and run.parameters["params"]["data"] == str(sft_data)
 
