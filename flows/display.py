@@ -18,9 +18,26 @@ def _cell(value: Any, width: int) -> str:
 
 
 def print_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None, width: int = 48) -> None:
+    """A table when it fits the terminal; otherwise one `column: value` block per row (still readable)."""
+    needed = sum(
+        min(width, max([len(str(c))] + [len(_cell(r[i], width)) for r in rows])) + 3 for i, c in enumerate(columns)
+    )
+    if needed > console.width and len(columns) > 2:
+        _print_vertical(columns, rows, title, width=max(40, console.width - 24))
+        return
     table = Table(title=title, show_lines=False, header_style="bold")
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(v, width) for v in row))
     console.print(table)
+
+
+def _print_vertical(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None, width: int) -> None:
+    if title:
+        console.print(f"[bold]{title}[/bold]")
+    pad = max(len(c) for c in columns)
+    for n, row in enumerate(rows, 1):
+        console.print(f"[dim]── row {n} ──[/dim]")
+        for col, value in zip(columns, row, strict=False):
+            console.print(f"{col.rjust(pad)}  {_cell(value, width)}", markup=False, highlight=False)
