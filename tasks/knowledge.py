@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,36 @@ class KnowledgeSource:
     links: list[Link] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
     seed_questions: list[str] = field(default_factory=list)
+    _owner: int = field(default_factory=threading.get_ident, repr=False)
+    _cursors: threading.local = field(default_factory=threading.local, repr=False)
+
+    _memo: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+
+    MEMO_SIZE = 8192
 
     def query(self, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
-        return self.con.execute(sql, params or []).fetchall()
+        """Rows of `sql`; safe from any thread (a DuckDB connection is not: other threads get a cursor).
+
+        A source is read-only once loaded, so results are memoised: synthesis asks the same
+        lookups again and again (the same entity in many questions, a model's evidence SQL),
+        and each DuckDB round trip costs ~1 ms of CPU however small the table.
+        """
+        key = (sql, tuple(params or ()))
+        rows = self._memo.get(key)
+        if rows is None:
+            rows = self._connection().execute(sql, params or []).fetchall()
+            if len(self._memo) >= self.MEMO_SIZE:
+                self._memo.clear()
+            self._memo[key] = rows
+        return list(rows)
+
+    def _connection(self) -> duckdb.DuckDBPyConnection:
+        if threading.get_ident() == self._owner:
+            return self.con
+        cursor = getattr(self._cursors, "con", None)
+        if cursor is None:
+            cursor = self._cursors.con = self.con.cursor()
+        return cursor
 
     def joinable(self, table: str) -> bool:
         return any(table in (link.table, link.ref_table) for link in self.links)
@@ -232,7 +260,7 @@ def _is_foreign_key(con: duckdb.DuckDBPyConnection, table: str, column: Column, 
 
 # --------------------------------------------------------------------------- loaders
 def _new(name: str) -> KnowledgeSource:
-    return KnowledgeSource(name=name, con=duckdb.connect(":memory:"))
+    return KnowledgeSource(name=name, con=duckdb.connect(":memory:", config={"threads": 1}))
 
 
 def _table_name(path: Path) -> str:

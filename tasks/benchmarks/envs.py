@@ -4,10 +4,12 @@
    verification -> tools verified in the sandbox -> merging -> distractors -> self-test ->
    warehouse writes (one upsert per stage). The embedding model's one-off load is timed apart.
 2. openai — the same QA and environment stages against the scripted OpenAI-compatible server
-   (tests/support/scripted_openai.py, real HTTP) answering every request after `latency_s`; the
-   server's in-flight count is sampled every millisecond and the mean share of the concurrency
-   limit kept busy is reported over the model-bound QA stage (decomposition + verification)
-   and over the whole run. Needs the repository checkout (it imports the test server).
+   (tests/support/scripted_openai.py, real HTTP, its own process) answering every request after
+   `latency_s`. The endpoint logs its in-flight count; the goal's measure is its time-weighted
+   share of the concurrency limit while the model-bound QA stage (decomposition + verification)
+   talks to it, first request in to last answer out. Also reported: the same over the whole QA
+   stage, tool building and the whole run, and the client's share of limiter slots held.
+   Needs the repository checkout (it imports the test server).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import Config, ModelConfig, SandboxConfig
+from tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
 from warehouse.db import Warehouse
 
 
@@ -53,88 +56,57 @@ def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, 
     }
 
 
-_SERVER = """
-import sys
-from tests.support.envs_fakes import EnvsResponder
-from tests.support.scripted_openai import ScriptedOpenAI
-latency = float(sys.argv[1])
-answer = EnvsResponder()
-def responder(req):
-    reply = answer(req)
-    reply.delay_s = latency
-    return reply
-server = ScriptedOpenAI()
-server.responder = responder
-server.start()
-print(server.url, flush=True)
-sys.stdin.read()  # until the benchmark closes our stdin
-print(len(server.chat_requests()), server.max_in_flight, flush=True)
-server.stop()
-"""
+_ANSWER = "from tests.support.envs_fakes import EnvsResponder\nanswer = EnvsResponder()"
 
 
 def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
-    import subprocess
-    import sys
-
     from tasks.envs_pipeline import EnvsSpec, build_environments, synthesize_qas
     from tasks.models import openai_model
 
-    repo = Path(__file__).resolve().parents[2]
-    # the scripted server runs in its own process, so its threads do not share our GIL
-    proc = subprocess.Popen([sys.executable, "-c", _SERVER, str(latency_s)], cwd=repo, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**__import__("os").environ, "PYTHONPATH": str(repo)})
-    assert proc.stdout is not None and proc.stdin is not None
-    url = proc.stdout.readline().strip()
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
 
-    def sample() -> None:  # the client's slots in use: every limiter of this endpoint (one per event loop)
+    def sample(url: str) -> None:  # the client's slots held: every limiter of this endpoint (one per event loop)
         while not stop.is_set():
-            busy = sum(lim.in_flight for (base, _), lim in list(openai_model._LIMITERS.items()) if base == url)
-            samples.append((time.perf_counter(), busy))
+            held = sum(lim.in_flight for (base, _), lim in list(openai_model._LIMITERS.items()) if base == url)
+            samples.append((time.perf_counter(), held))
             time.sleep(0.01)  # a tighter loop steals the GIL from the event loop it measures
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            model = ModelConfig(backend="openai", base_url=url, model="scripted", cache=False,
-                                concurrency_initial=limit, concurrency_max=limit, max_retries=2, timeout_s=120)
-            cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
-            wh = Warehouse(Path(tmp) / "bench.duckdb")
-            spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
-            sampler.start()
+    with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
+        sampler = threading.Thread(target=sample, args=(endpoint.url,), daemon=True)
+        model = ModelConfig(backend="openai", base_url=endpoint.url, model="scripted", cache=False,
+                            concurrency_initial=limit, concurrency_max=limit, max_retries=2, timeout_s=120)
+        cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
+        wh = Warehouse(Path(tmp) / "bench.duckdb")
+        spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
+        sampler.start()
+        try:
             t0 = time.perf_counter()
             ids, qa_counts = synthesize_qas(cfg, wh, "bench", spec)
             t1 = time.perf_counter()
             timings: dict[str, float] = {}
             counts = build_environments(cfg, wh, "bench", spec, ids, timings=timings)
             t2 = time.perf_counter()
-    finally:
-        stop.set()
-        sampler.join(timeout=5)
-        tail, _ = proc.communicate(timeout=60)
-    requests, peak = (int(x) for x in tail.split())
-
-    def busy(a: float, b: float) -> float:
-        window = [k for t, k in samples if a <= t <= b]
-        return round(sum(min(k, limit) for k in window) / (len(window) * limit), 3) if window else 0.0
-
-    def active(a: float, b: float) -> float:
-        """Busy share while the stage talks to the endpoint (first request out to last answer in):
-        the stage's setup and its batch writes to DuckDB send no requests by design."""
-        times = [t for t, k in samples if a <= t <= b and k > 0]
-        return busy(times[0], times[-1]) if times else 0.0
-
+        finally:
+            stop.set()
+            sampler.join(timeout=5)
+    tools_start = t1 + timings.get("pool_start_s", 0)
+    tools_end = tools_start + timings.get("tools_verified_s", 0)
+    qa_requests = endpoint.request_window(t0, t1)
+    held = [k for t, k in samples if qa_requests[0] <= t <= qa_requests[1]]
     out["openai"] = {
-        "requests": requests, "latency_s": latency_s, "concurrency_limit": limit, "server_peak_in_flight": peak,
-        **qa_counts, **counts, "qa_stage_s": round(t1 - t0, 2), "env_stage_s": round(t2 - t1, 2),
-        "busy_share_qa_stage": busy(t0, t1),
-        "busy_share_qa_requests": active(t0, t1),
-        "busy_share_tool_building": busy(t1 + timings.get("pool_start_s", 0), t1 + timings.get("pool_start_s", 0)
-                                         + timings.get("tools_verified_s", 0)),
-        "busy_share_whole_run": busy(t0, t2), **{k: round(v, 2) for k, v in timings.items()},
-        "requests_per_s": round(requests / (t2 - t0), 1),
+        "requests": endpoint.requests, "latency_s": latency_s, "concurrency_limit": limit,
+        "endpoint_peak_in_flight": endpoint.peak, **qa_counts, **counts,
+        "qa_stage_s": round(t1 - t0, 2), "qa_requests_s": round(qa_requests[1] - qa_requests[0], 2),
+        "env_stage_s": round(t2 - t1, 2),
+        # the goal's measure: the endpoint's busy share while the QA stage talks to it
+        "endpoint_busy_share_qa_requests": endpoint.busy_share(limit, *qa_requests),
+        "endpoint_busy_share_qa_stage": endpoint.busy_share(limit, t0, t1),
+        "endpoint_busy_share_tool_building": endpoint.busy_share(limit, tools_start, tools_end),
+        "endpoint_busy_share_whole_run": endpoint.busy_share(limit, t0, t2),
+        "client_slot_share_qa_requests": round(sum(min(k, limit) for k in held) / (len(held) * limit), 3) if held else 0.0,
+        **{k: round(v, 2) for k, v in timings.items()},
+        "requests_per_s_qa": round(endpoint.arrivals(*qa_requests) / max(qa_requests[1] - qa_requests[0], 1e-9), 1),
         "ideal_requests_per_s": round(limit / latency_s, 1),
     }
 

@@ -3,30 +3,25 @@
 The scripted OpenAI-compatible server (tests/support/scripted_openai.py, real HTTP) runs in its
 own process and answers every request after `latency_s`. The client sends `n` structured
 requests through the model-access layer (retries, AIMD limiter, schema validation, usage
-ledger) and samples the limiter's in-flight count every 10 ms. Reported: the mean share of the
-limit kept busy, requests/s against the ideal limit/latency, and the client's CPU time per call.
+ledger). Reported:
+  endpoint_busy_share  the time-weighted share of the limit in flight at the endpoint, from
+                       first request in to last answer out (the goal's measure)
+  client_slot_share    the share of the limiter's slots held by the client (sampled every 10 ms,
+                       steady part); it also counts slot time the client spends on its own CPU
+  requests/s against the ideal limit/latency, and the client's CPU time per call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-_SERVER = """
-import sys, time
-sys.path.insert(0, {repo!r})
-from tests.support.scripted_openai import ScriptedOpenAI, Reply, chat_completion
-server = ScriptedOpenAI()
-server.responder = lambda req: Reply(body=chat_completion(content='{{"city": "Oslo"}}'), delay_s={latency})
-server.start()
-print(server.url, flush=True)
-sys.stdin.read()
-"""
+from tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+
+_ANSWER = "answer = lambda req: chat_completion(content='{\"city\": \"Oslo\"}')"
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -60,25 +55,19 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     steady = samples[len(samples) // 10: len(samples) - len(samples) // 10] or samples  # drop ramp-up and tail
     return {
         "requests": n,
+        "window": (t0, t0 + wall),
         "wall_s": round(wall, 2),
         "requests_per_s": round(n / wall, 1),
-        "busy_share": round(sum(min(s, limit) for s in steady) / (len(steady) * limit), 3),
+        "client_slot_share": round(sum(min(s, limit) for s in steady) / (len(steady) * limit), 3),
         "client_cpu_ms_per_call": round(cpu / n * 1000, 2),
     }
 
 
 def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3) -> dict:
     """Mean share of the concurrency limit kept busy at `limit` against a `latency_s` endpoint (goal >= 0.9)."""
-    repo = str(Path(__file__).resolve().parents[2])
-    server = subprocess.Popen([sys.executable, "-c", _SERVER.format(repo=repo, latency=latency_s)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert server.stdout is not None
-        url = server.stdout.readline().strip()
-        with tempfile.TemporaryDirectory() as tmp:
-            result = asyncio.run(_drive(url, n, limit, Path(tmp) / "bench.duckdb"))
-    finally:
-        server.kill()
-        server.wait()
-    return {"concurrency_limit": limit, "latency_s": latency_s,
-            "ideal_requests_per_s": round(limit / latency_s, 1), **result}
+    with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
+        result = asyncio.run(_drive(endpoint.url, n, limit, Path(tmp) / "bench.duckdb"))
+    window = endpoint.request_window(*result.pop("window"))
+    return {"concurrency_limit": limit, "latency_s": latency_s, "ideal_requests_per_s": round(limit / latency_s, 1),
+            "endpoint_busy_share": endpoint.busy_share(limit, *window), "endpoint_peak_in_flight": endpoint.peak,
+            **result}

@@ -148,3 +148,29 @@ def test_adaptive_concurrency_grows_when_healthy_and_halves_on_429(scripted_open
     assert limiter.limit == 8 and not limiter.slow_start
     limiter.on_success()
     assert 8 < limiter.limit < 9
+
+
+def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_slot():
+    async def go() -> tuple[list[int], int, int]:
+        limiter = AdaptiveLimiter(initial=2, maximum=2)
+        order: list[int] = []
+        release = asyncio.Event()
+
+        async def call(i: int) -> None:
+            async with limiter.slot():
+                order.append(i)
+                assert limiter.in_flight <= 2
+                await release.wait()
+
+        tasks = [asyncio.create_task(call(i)) for i in range(6)]
+        await asyncio.sleep(0.01)
+        assert order == [0, 1] and limiter.in_flight == 2
+        tasks[2].cancel()  # waiting: must leave the queue without taking a slot
+        await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order, limiter.in_flight, limiter.peak
+
+    order, in_flight, peak = asyncio.run(go())
+    assert order == [0, 1, 3, 4, 5], "waiters get slots first come, first served; the cancelled one never runs"
+    assert in_flight == 0 and peak == 2
