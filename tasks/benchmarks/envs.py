@@ -111,7 +111,7 @@ def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, A
     }
 
 
-def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 1024, limit: int = 128,
+def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9)."""
     out: dict[str, Any] = {}
