@@ -89,7 +89,10 @@ def validate(kind: str, data: Any) -> None:
 
 def validate_against(schema: dict[str, Any], data: Any) -> str | None:
     """Validate against an ad-hoc schema (a step's output schema); the error text, or None."""
-    fast, reference = _validators_for(json.dumps(schema, sort_keys=True))
+    seen = _BY_IDENTITY.get(id(schema))
+    if seen is None or seen[0] is not schema:  # a step passes the same dict with every request
+        seen = _BY_IDENTITY[id(schema)] = (schema, _validators_for(json.dumps(schema, sort_keys=True)))
+    fast, reference = seen[1]
     err = _first_error(fast, reference, data)
     return None if err is None else describe_error(err)
 
@@ -106,6 +109,9 @@ def _first_error(fast: Any, reference: Draft202012Validator, data: Any) -> jsons
 @lru_cache(maxsize=None)
 def _fast_validator(kind: str) -> Any:
     return jsonschema_rs.validator_for(load_schema(kind), validate_formats=True)
+
+
+_BY_IDENTITY: dict[int, tuple[dict[str, Any], tuple[Any, Draft202012Validator]]] = {}
 
 
 @lru_cache(maxsize=256)

@@ -565,10 +565,12 @@ class OpenAIQASynthesizer:
             except ProviderError as err:
                 return Rejection(stage="decompose_qa", subject=subject, reason="provider_error", detail=str(err),
                                  environment_failure=True)
-            # Off the event loop: the SQL evidence checks (~1 ms each, DuckDB releases the GIL)
-            # were half of the loop's time, and every ms there is a ms no request goes out.
-            made = await asyncio.to_thread(_from_model, source, answer, seed_q, subject, self.prompt.hash,
-                                           getattr(self.model, "name", None))
+            args = (source, answer, seed_q, subject, self.prompt.hash, getattr(self.model, "name", None))
+            # Evidence SQL that must reach DuckDB (~1 ms each; it releases the GIL) runs off the
+            # event loop, where every ms is a ms no request goes out; memoised lookups stay inline,
+            # since a thread hop would cost more than they do.
+            fresh = any(sub.get("evidence_sql") and not source.memoised(sub["evidence_sql"]) for sub in answer["sub_qas"])
+            made = await asyncio.to_thread(_from_model, *args) if fresh else _from_model(*args)
             if on_instance is not None and isinstance(made, QAInstance):
                 on_instance(made)
             return made

@@ -102,6 +102,10 @@ class KnowledgeSource:
             self._memo[key] = rows
         return list(rows)
 
+    def memoised(self, sql: str, params: list[Any] | None = None) -> bool:
+        """Whether `query(sql, params)` would be answered from the memo (no database round trip)."""
+        return (sql, tuple(params or ())) in self._memo
+
     def _connection(self) -> duckdb.DuckDBPyConnection:
         if threading.get_ident() == self._owner:
             return self.con

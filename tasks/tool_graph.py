@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import networkx as nx
-import pyarrow as pa
 
 from schemas.base import Provenance
 from schemas.config import Config, SftConfig
@@ -34,7 +33,7 @@ from schemas.errors import InputError, ParseError, ProviderError
 from schemas.models import Rejection, Server, Tool, ToolChain
 from tasks.models import ChatModel, complete_json
 from tasks.prompts import load_prompt
-from warehouse.db import Warehouse
+from warehouse.db import Warehouse, column_lists, column_rows
 
 _ID_LIKE = re.compile(r"(^|_)(id|ids|uuid|token|handle|cursor|key|sha|hash|ref)$")
 _STOP = {"the", "a", "an", "of", "for", "and", "or", "to", "in", "on", "by", "with", "its", "it", "is", "this", "that",
@@ -246,30 +245,26 @@ def _tool_lines(tools: Sequence[Tool]) -> str:
 
 
 # --------------------------------------------------------------------------- storage
-_EDGE_ARROW = pa.schema([("server", pa.string()), ("src", pa.string()), ("dst", pa.string()), ("weight", pa.float64()),
-                         ("origin", pa.string()), ("evidence", pa.string())])
+_EDGE_COLUMNS = [("server", "VARCHAR"), ("src", "VARCHAR"), ("dst", "VARCHAR"), ("weight", "DOUBLE"),
+                 ("origin", "VARCHAR"), ("evidence", "VARCHAR")]
 
 
 def save_edges(wh: Warehouse, edges_by_server: dict[str, list[Edge]]) -> int:
     """Replace the edges of these servers (keeping the `uses` of edges that survive); one transaction."""
-    rows = [{"server": s, "src": e.src, "dst": e.dst, "weight": e.weight, "origin": e.origin, "evidence": e.evidence}
-            for s, edges in edges_by_server.items() for e in edges]
-    servers = pa.table({"server": list(edges_by_server)}, schema=pa.schema([("server", pa.string())]))
-    batch = pa.Table.from_pylist(rows, schema=_EDGE_ARROW)
+    rows = [(s, e.src, e.dst, e.weight, e.origin, e.evidence) for s, edges in edges_by_server.items() for e in edges]
     with wh.transaction() as con:
-        con.register("_servers", servers)
-        con.register("_edges", batch)
-        try:
-            con.execute("DELETE FROM graph_edges WHERE server IN (SELECT server FROM _servers) "
-                        "AND (server, src, dst) NOT IN (SELECT server, src, dst FROM _edges)")
-            con.execute(
-                "INSERT INTO graph_edges (server, src, dst, weight, uses, origin, evidence) "
-                "SELECT server, src, dst, weight, 0, origin, evidence FROM _edges "
-                "ON CONFLICT (server, src, dst) DO UPDATE SET weight = EXCLUDED.weight, origin = EXCLUDED.origin, "
-                "evidence = EXCLUDED.evidence, updated_at = now()")
-        finally:
-            con.unregister("_edges")
-            con.unregister("_servers")
+        con.execute(f"CREATE TEMP TABLE _servers AS SELECT * FROM {column_rows(_EDGE_COLUMNS[:1])}", [list(edges_by_server)])
+        con.execute(f"CREATE TEMP TABLE _edges AS SELECT * FROM {column_rows(_EDGE_COLUMNS)}",
+                    column_lists(rows, len(_EDGE_COLUMNS)))
+        con.execute("DELETE FROM graph_edges WHERE server IN (SELECT server FROM _servers) "
+                    "AND (server, src, dst) NOT IN (SELECT server, src, dst FROM _edges)")
+        con.execute(
+            "INSERT INTO graph_edges (server, src, dst, weight, uses, origin, evidence) "
+            "SELECT server, src, dst, weight, 0, origin, evidence FROM _edges "
+            "ON CONFLICT (server, src, dst) DO UPDATE SET weight = EXCLUDED.weight, origin = EXCLUDED.origin, "
+            "evidence = EXCLUDED.evidence, updated_at = now()")
+        con.execute("DROP TABLE _edges")
+        con.execute("DROP TABLE _servers")
     return len(rows)
 
 
@@ -280,16 +275,11 @@ def record_uses(wh: Warehouse, walked: Sequence[tuple[str, str, str]]) -> int:
         counts[key] = counts.get(key, 0) + 1
     if not counts:
         return 0
-    batch = pa.table({"server": [k[0] for k in counts], "src": [k[1] for k in counts], "dst": [k[2] for k in counts],
-                      "n": list(counts.values())})
+    uses = [("server", "VARCHAR"), ("src", "VARCHAR"), ("dst", "VARCHAR"), ("n", "BIGINT")]
     with wh.transaction() as con:
-        con.register("_uses", batch)
-        try:
-            con.execute("UPDATE graph_edges SET uses = graph_edges.uses + u.n, updated_at = now() "
-                        "FROM _uses u WHERE graph_edges.server = u.server AND graph_edges.src = u.src "
-                        "AND graph_edges.dst = u.dst")
-        finally:
-            con.unregister("_uses")
+        con.execute(f"UPDATE graph_edges SET uses = graph_edges.uses + u.n, updated_at = now() FROM {column_rows(uses)} u "
+                    "WHERE graph_edges.server = u.server AND graph_edges.src = u.src AND graph_edges.dst = u.dst",
+                    column_lists([(*k, n) for k, n in counts.items()], len(uses)))
     return sum(counts.values())
 
 

@@ -12,9 +12,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import pyarrow as pa
-
-from warehouse.db import Warehouse
+from warehouse.db import Warehouse, column_lists, column_rows
 
 
 class BufferedTableWriter:
@@ -22,14 +20,15 @@ class BufferedTableWriter:
         self,
         wh: Warehouse,
         table: str,
-        columns: Sequence[str],
+        columns: Sequence[tuple[str, str]],
         key: str,
         interval_s: float = 0.2,
         max_batch: int = 512,
     ) -> None:
         self.wh = wh
         self.table = table
-        self.columns = list(columns)
+        self.typed = list(columns)  # (name, DuckDB type)
+        self.columns = [name for name, _ in columns]
         self.key = key
         self.interval_s = interval_s
         self.max_batch = max_batch
@@ -89,13 +88,7 @@ class BufferedTableWriter:
                 self._cond.notify_all()
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
-        # One Arrow scan, not executemany: DuckDB runs executemany a statement per row (~10 ms
-        # each here), which left this thread holding the GIL for seconds per batch.
-        table = pa.Table.from_arrays([pa.array(list(col)) for col in zip(*batch, strict=True)], names=self.columns)
-        cols = ", ".join(self.columns)
-        with self.wh.transaction() as con:
-            con.register("_rows", table)
-            try:
-                con.execute(f"INSERT INTO {self.table} ({cols}) SELECT {cols} FROM _rows ON CONFLICT ({self.key}) DO NOTHING")
-            finally:
-                con.unregister("_rows")
+        names = ", ".join(self.columns)
+        with self.wh.transaction() as con:  # one statement over column lists (see column_rows)
+            con.execute(f"INSERT INTO {self.table} ({names}) SELECT {names} FROM {column_rows(self.typed)} "
+                        f"ON CONFLICT ({self.key}) DO NOTHING", column_lists(batch, len(self.columns)))

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import duckdb
-import pyarrow as pa
 
 from schemas.base import Record
 from schemas.contracts import validate
@@ -36,10 +35,24 @@ _MIGRATE_LOCK = threading.Lock()
 _LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process",
                  "Unique file handle conflict")
 
-# Arrow schema of every artifact table (see migrations/0001_init.sql).
-_RECORD_ARROW = pa.schema(
-    [("id", pa.string()), ("run_id", pa.string()), ("parents", pa.list_(pa.string())), ("record", pa.string())]
-)
+# Columns of every artifact table (see migrations/0001_init.sql); `record` is cast to JSON on insert.
+_RECORD_COLUMNS = [("id", "VARCHAR"), ("run_id", "VARCHAR"), ("parents", "VARCHAR[]"), ("record", "VARCHAR")]
+
+
+def column_rows(columns: Sequence[tuple[str, str]]) -> str:
+    """A relation over typed per-column parameter lists, bound in order as $1, $2, ...
+
+    Every batched write binds its rows this way. DuckDB's `executemany` runs a statement per row
+    (~10 ms each here), and registering Arrow tables (`con.register`) races inside DuckDB 2.0
+    when another thread opens a connection to the same file ("Table Function with name
+    python_arrow_scan does not exist"), which our group-commit writer threads do.
+    """
+    return "(SELECT " + ", ".join(f"unnest(${i}::{kind}[]) AS {name}" for i, (name, kind) in enumerate(columns, 1)) + ")"
+
+
+def column_lists(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """Row tuples -> one list per column (the parameters of `column_rows`)."""
+    return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def _is_lock_error(err: Exception) -> bool:
@@ -151,7 +164,7 @@ class Warehouse:
             by_table.setdefault(record.TABLE, []).append(record)
         if not by_table:
             return 0
-        batches = {table: self._arrow_batch(items) for table, items in by_table.items()}
+        batches = {table: self._record_rows(items) for table, items in by_table.items()}
         new = 0
         with self.transaction() as con:
             for table, batch in batches.items():
@@ -159,33 +172,24 @@ class Warehouse:
         return new
 
     @staticmethod
-    def _arrow_batch(records: Sequence[Record]) -> pa.Table:
-        rows: dict[str, dict[str, Any]] = {}
+    def _record_rows(records: Sequence[Record]) -> list[list[Any]]:
+        rows: dict[str, tuple[Any, ...]] = {}
         for record in records:
             data = record.content()
             validate(record.KIND, data)  # the JSON contract, at the storage boundary
-            rows[record.id] = {
-                "id": record.id,
-                "run_id": record.run_id,
-                "parents": list(record.parents),
-                "record": canonical_json(data),
-            }
-        return pa.Table.from_pylist(list(rows.values()), schema=_RECORD_ARROW)
+            rows[record.id] = (record.id, record.run_id, list(record.parents), canonical_json(data))
+        return column_lists(list(rows.values()), len(_RECORD_COLUMNS))
 
     @staticmethod
-    def _insert_batch(con: duckdb.DuckDBPyConnection, table: str, batch: pa.Table, replace: bool) -> int:
-        con.register("_batch", batch)
-        try:
-            new = con.execute(f"SELECT count(*) FROM _batch WHERE id NOT IN (SELECT id FROM {table})").fetchone()[0]
-            conflict = (
-                "DO UPDATE SET record = EXCLUDED.record, run_id = EXCLUDED.run_id" if replace else "DO NOTHING"
-            )
-            con.execute(
-                f"INSERT INTO {table} (id, run_id, parents, record) "
-                f"SELECT id, run_id, parents, CAST(record AS JSON) FROM _batch ON CONFLICT (id) {conflict}"
-            )
-        finally:
-            con.unregister("_batch")
+    def _insert_batch(con: duckdb.DuckDBPyConnection, table: str, columns: list[list[Any]], replace: bool) -> int:
+        new = con.execute(f"SELECT count(*) FROM {column_rows(_RECORD_COLUMNS[:1])} WHERE id NOT IN (SELECT id FROM {table})",
+                          columns[:1]).fetchall()[0][0]
+        conflict = "DO UPDATE SET record = EXCLUDED.record, run_id = EXCLUDED.run_id" if replace else "DO NOTHING"
+        con.execute(
+            f"INSERT INTO {table} (id, run_id, parents, record) "
+            f"SELECT id, run_id, parents, CAST(record AS JSON) FROM {column_rows(_RECORD_COLUMNS)} ON CONFLICT (id) {conflict}",
+            columns,
+        )
         return int(new)
 
     # ------------------------------------------------------------------ reads

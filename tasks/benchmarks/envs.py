@@ -8,12 +8,15 @@
    `latency_s`. The endpoint logs its in-flight count; the goal's measure is its time-weighted
    share of the concurrency limit while the model-bound QA stage (decomposition + verification)
    talks to it, first request in to last answer out. Also reported: the same over the whole QA
-   stage, tool building and the whole run, and the client's share of limiter slots held.
+   stage, tool building and the whole run, and the client's share of limiter slots held. A
+   reference run of the bare model layer (same n, same endpoint, just before) says what this
+   machine allows at that moment; these VMs' speed drifts by 10-20% over an hour.
    Needs the repository checkout (it imports the test server).
 """
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import threading
 import time
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.config import Config, ModelConfig, SandboxConfig
+from tasks.benchmarks import models as models_bench
 from tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
 from warehouse.db import Warehouse
 
@@ -56,7 +60,16 @@ def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, 
     }
 
 
-_ANSWER = "from tests.support.envs_fakes import EnvsResponder\nanswer = EnvsResponder()"
+# The envs prompts get the scripted model's answers; the bare model-layer reference run (step
+# "bench", see tasks/benchmarks/models.py) gets its one-field answer.
+_ANSWER = """
+from tests.support.envs_fakes import EnvsResponder
+envs = EnvsResponder()
+def answer(req):
+    if ((req.get("response_format") or {}).get("json_schema") or {}).get("name") == "bench":
+        return chat_completion(content='{"city": "Oslo"}')
+    return envs(req)
+"""
 
 
 def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
@@ -79,6 +92,8 @@ def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, A
         cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
         spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
+        # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
+        reference = asyncio.run(models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb"))
         sampler.start()
         try:
             t0 = time.perf_counter()
@@ -93,14 +108,19 @@ def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, A
     tools_start = t1 + timings.get("pool_start_s", 0)
     tools_end = tools_start + timings.get("tools_verified_s", 0)
     qa_requests = endpoint.request_window(t0, t1)
+    qa_share = endpoint.busy_share(limit, *qa_requests)
+    reference_share = endpoint.busy_share(limit, *endpoint.request_window(*reference["window"]))
     held = [k for t, k in samples if qa_requests[0] <= t <= qa_requests[1]]
     out["openai"] = {
-        "requests": endpoint.requests, "latency_s": latency_s, "concurrency_limit": limit,
+        "requests": endpoint.arrivals(t0, t2), "latency_s": latency_s, "concurrency_limit": limit,
         "endpoint_peak_in_flight": endpoint.peak, **qa_counts, **counts,
         "qa_stage_s": round(t1 - t0, 2), "qa_requests_s": round(qa_requests[1] - qa_requests[0], 2),
         "env_stage_s": round(t2 - t1, 2),
         # the goal's measure: the endpoint's busy share while the QA stage talks to it
-        "endpoint_busy_share_qa_requests": endpoint.busy_share(limit, *qa_requests),
+        "endpoint_busy_share_qa_requests": qa_share,
+        # the same n through the bare model layer, just before: what this machine allows right now
+        "endpoint_busy_share_model_layer_alone": reference_share,
+        "qa_share_vs_model_layer": round(qa_share / reference_share, 3) if reference_share else 0.0,
         "endpoint_busy_share_qa_stage": endpoint.busy_share(limit, t0, t1),
         "endpoint_busy_share_tool_building": endpoint.busy_share(limit, tools_start, tools_end),
         "endpoint_busy_share_whole_run": endpoint.busy_share(limit, t0, t2),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Protocol, runtime_checkable
+
+import orjson
 
 from pydantic import Field
 
 from schemas.base import Frozen
-from schemas.ids import canonical_json, sha256_hex
 from schemas.models import ChatMessage, Usage
 
 
@@ -23,9 +25,13 @@ class ChatRequest(Frozen):
     seed: int | None = None
 
     def cache_key(self, model: str) -> str:
-        """Hash of (model, parameters, messages, tools, schema)."""
+        """Hash of (model, parameters, messages, tools, schema).
+
+        orjson with sorted keys writes the same bytes as `canonical_json` for this plain JSON
+        (strings, ints, short floats) at a fraction of the cost; it runs once per request.
+        """
         body = self.model_dump(mode="json", exclude={"step"})
-        return sha256_hex(canonical_json({"model": model, **body}))
+        return hashlib.sha256(orjson.dumps({"model": model, **body}, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class ChatResponse(Frozen):

@@ -26,7 +26,8 @@ class ResponseCache:
         self.model = model
         self._entries: dict[str, str] | None = None
         self._lock = threading.Lock()
-        self._writer = BufferedTableWriter(wh, "llm_cache", ["key", "model", "request", "response"], key="key")
+        self._writer = BufferedTableWriter(
+            wh, "llm_cache", [("key", "VARCHAR"), ("model", "VARCHAR"), ("request", "JSON"), ("response", "JSON")], key="key")
 
     def _load(self) -> dict[str, str]:
         with self._lock:
@@ -54,8 +55,9 @@ class ResponseCache:
 class UsageLedger:
     """One `llm_calls` row per completed request (cache hits included, flagged)."""
 
-    COLUMNS = ["call_id", "key", "run_id", "step", "model", "cached", "attempts", "reasks",
-               "prompt_tokens", "completion_tokens", "latency_s"]
+    COLUMNS = [("call_id", "VARCHAR"), ("key", "VARCHAR"), ("run_id", "VARCHAR"), ("step", "VARCHAR"),
+               ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"), ("reasks", "INTEGER"),
+               ("prompt_tokens", "INTEGER"), ("completion_tokens", "INTEGER"), ("latency_s", "DOUBLE")]
 
     def __init__(self, wh: Warehouse, run_id: str | None) -> None:
         self.run_id = run_id

@@ -68,3 +68,20 @@ def test_text_corpus_passages_and_fact_tables(shared_data: Path) -> None:
     fact_tables = [t for t in src.tables if t.endswith("_facts")]
     assert fact_tables
     assert any(r.reason == "null_heavy_column" for r in src.rejections)
+
+
+def test_queries_from_worker_threads_use_their_own_cursor_and_are_memoised() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    source = load_sample()
+    sql = "SELECT count(*) FROM customers"
+    assert not source.memoised(sql)
+    expected = source.query(sql)
+    assert source.memoised(sql) and expected[0][0] > 0
+    lookups = [f"SELECT city FROM customers WHERE customer_id = '{cid}'" for (cid,) in
+               source.query("SELECT customer_id FROM customers ORDER BY 1")]
+    with ThreadPoolExecutor(4) as pool:  # one DuckDB connection shared by threads would fail or interleave
+        cities = list(pool.map(source.query, lookups * 3))
+    assert cities == [source.query(q) for q in lookups] * 3
+    assert all(len(rows) == 1 for rows in cities)
+    source.close()

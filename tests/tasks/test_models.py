@@ -174,3 +174,13 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
     order, in_flight, peak = asyncio.run(go())
     assert order == [0, 1, 3, 4, 5], "waiters get slots first come, first served; the cancelled one never runs"
     assert in_flight == 0 and peak == 2
+
+
+def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
+    """Keys written before the orjson fast path stay valid: same bytes as schemas.ids.canonical_json."""
+    from schemas.ids import canonical_json, sha256_hex
+
+    req = ChatRequest(step="s", messages=[{"role": "user", "content": "Ünïcode, quotes \" and 1.5"}],
+                      response_schema=SCHEMA, temperature=0.7, seed=3, max_tokens=128)
+    expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step"})}))
+    assert req.cache_key("m") == expected

@@ -125,3 +125,42 @@ def test_lock_timeout_is_a_clear_error(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse):
+    """Group-commit writer threads and the caller's batch upserts open connections to the same file at
+    once (DuckDB 2.0's Arrow scans raced there: 'python_arrow_scan does not exist')."""
+    import random
+    import threading
+    import time
+
+    from warehouse.buffer import BufferedTableWriter
+
+    writer = BufferedTableWriter(tmp_warehouse, "llm_calls", [
+        ("call_id", "VARCHAR"), ("key", "VARCHAR"), ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"),
+        ("reasks", "INTEGER"), ("prompt_tokens", "INTEGER"), ("latency_s", "DOUBLE")], key="call_id", interval_s=0.001)
+    errors: list[BaseException] = []
+
+    def upserts(tag: str) -> None:
+        try:
+            for i in range(150):
+                time.sleep(random.random() * 0.003)
+                tmp_warehouse.upsert(_tools(2, server=f"{tag}{i}"))
+        except BaseException as err:  # noqa: BLE001 - collected and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=upserts, args=(tag,)) for tag in ("a", "b", "c")]
+    for t in threads:
+        t.start()
+    for i in range(600):
+        writer.add({"call_id": f"c{i}", "key": "k", "model": "m", "cached": i % 2 == 0, "attempts": 1, "reasks": 0,
+                    "prompt_tokens": None if i % 3 else i, "latency_s": 0.5})
+        if i % 20 == 0:
+            time.sleep(0.002)
+    for t in threads:
+        t.join()
+    writer.close()
+    assert errors == []
+    assert tmp_warehouse.count("tools") == 3 * 150 * 2
+    _, rows = tmp_warehouse.query("SELECT count(*), count(prompt_tokens), sum(cached::INT) FROM llm_calls")
+    assert rows == [(600, 200, 300)]
