@@ -14,6 +14,7 @@ from typing import Any
 
 import jsonschema
 import jsonschema_rs
+import orjson
 from jsonschema import Draft202012Validator
 
 from schemas.base import SCHEMA_VERSION, Record
@@ -89,10 +90,7 @@ def validate(kind: str, data: Any) -> None:
 
 def validate_against(schema: dict[str, Any], data: Any) -> str | None:
     """Validate against an ad-hoc schema (a step's output schema); the error text, or None."""
-    seen = _BY_IDENTITY.get(id(schema))
-    if seen is None or seen[0] is not schema:  # a step passes the same dict with every request
-        seen = _BY_IDENTITY[id(schema)] = (schema, _validators_for(json.dumps(schema, sort_keys=True)))
-    fast, reference = seen[1]
+    fast, reference = _validators_for(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS))
     err = _first_error(fast, reference, data)
     return None if err is None else describe_error(err)
 
@@ -111,11 +109,8 @@ def _fast_validator(kind: str) -> Any:
     return jsonschema_rs.validator_for(load_schema(kind), validate_formats=True)
 
 
-_BY_IDENTITY: dict[int, tuple[dict[str, Any], tuple[Any, Draft202012Validator]]] = {}
-
-
 @lru_cache(maxsize=256)
-def _validators_for(schema_json: str) -> tuple[Any, Draft202012Validator]:
+def _validators_for(schema_json: bytes) -> tuple[Any, Draft202012Validator]:
     """Built once per distinct schema: a step sends the same schema with every request."""
     schema = json.loads(schema_json)
     return jsonschema_rs.validator_for(schema), Draft202012Validator(schema)

@@ -264,7 +264,7 @@ def _is_foreign_key(con: duckdb.DuckDBPyConnection, table: str, column: Column, 
 
 # --------------------------------------------------------------------------- loaders
 def _new(name: str) -> KnowledgeSource:
-    return KnowledgeSource(name=name, con=duckdb.connect(":memory:", config={"threads": 1}))
+    return KnowledgeSource(name=name, con=duckdb.connect(":memory:"))
 
 
 def _table_name(path: Path) -> str:

@@ -33,8 +33,7 @@ server.responder = responder
 server.start()
 print(server.url, flush=True)
 sys.stdin.read()  # until the benchmark closes our stdin
-print(json.dumps({{"requests": len(server.chat_requests()), "peak": server.max_in_flight,
-                  "log": server.in_flight_log}}), flush=True)
+print(json.dumps({{"peak": server.max_in_flight, "log": server.in_flight_log}}), flush=True)
 server.stop()
 """
 
@@ -49,7 +48,6 @@ class ScriptedEndpoint:
         self.setup = setup
         self.latency_s = latency_s
         self.url = ""
-        self.requests = 0
         self.peak = 0
         self.log: list[tuple[float, int]] = []
         self._proc: subprocess.Popen[str] | None = None
@@ -71,7 +69,7 @@ class ScriptedEndpoint:
         tail = out.strip().splitlines()
         if tail:
             done = json.loads(tail[-1])
-            self.requests, self.peak, self.log = done["requests"], done["peak"], [tuple(x) for x in done["log"]]
+            self.peak, self.log = done["peak"], [tuple(x) for x in done["log"]]
 
     def busy_share(self, limit: int, start: float, end: float) -> float:
         """Time-weighted mean share of `limit` in flight at the endpoint over [start, end] (perf_counter times)."""

@@ -7,8 +7,9 @@ endpoint answering after 300 ms (`arenaforge bench models`); the wire format is 
 stable, so the client speaks it directly.
 
 Retry policy (the only one in the stack: Prefect tasks wrapping model steps use retries=0):
-up to `max_retries` retries on timeouts, connection errors, 408, 409, 429 and 5xx, sleeping `uniform(0, min(backoff_max, base * 2**attempt))` ("full
-jitter"), or the server's Retry-After when it sends one. Other 4xx fail at once.
+up to `max_retries` retries on timeouts, connection errors, 408, 409, 429 and 5xx, sleeping
+`uniform(0, min(backoff_max, base * 2**attempt))` ("full jitter"), or the server's Retry-After
+when it sends one. Other 4xx fail at once.
 
 Structured output: when a request carries `response_schema`, the answer is parsed as JSON and
 validated against it; an invalid answer is re-asked at most `max_reasks` times with the
