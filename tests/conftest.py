@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from tests.support.requirements import require_shared_data  # noqa: E402
-from warehouse import Warehouse  # noqa: E402
+from arenaforge.warehouse import Warehouse  # noqa: E402
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def shared_data() -> Path:
 
 @pytest.fixture
 def scripted_openai() -> Iterator["ScriptedOpenAI"]:  # noqa: F821
-    from tests.support.scripted_openai import ScriptedOpenAI
+    from arenaforge.tasks.benchmarks.scripted_openai import ScriptedOpenAI
 
     server = ScriptedOpenAI()
     server.start()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-PROJECT = {"flows", "tasks", "environments", "schemas", "warehouse"}
+PACKAGE = Path(__file__).resolve().parents[1] / "arenaforge"
+LAYERS = {"flows", "tasks", "environments", "schemas", "warehouse"}
 ALLOWED = {
     "flows": {"flows", "tasks", "schemas", "warehouse", "environments"},
     "tasks": {"tasks", "environments", "warehouse", "schemas"},
@@ -16,27 +16,46 @@ ALLOWED = {
     "warehouse": {"warehouse", "schemas"},
     "schemas": {"schemas"},
 }
-FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefect"}, "warehouse": {"prefect"}, "schemas": {"prefect", "duckdb"}}
+FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefect"}, "warehouse": {"prefect"},
+                         "schemas": {"prefect", "duckdb"}}
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
+    """Top-level names imported; `arenaforge.<layer>` counts as `<layer>`."""
     found = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
         if isinstance(node, ast.Import):
-            found |= {a.name.split(".")[0] for a in node.names}
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            names = [node.module] if node.module != "arenaforge" else [f"arenaforge.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            found.add(parts[1] if parts[0] == "arenaforge" and len(parts) > 1 else parts[0])
+    return found
+
+
+def _modules(package: str) -> list[Path]:
+    found = sorted((PACKAGE / package).rglob("*.py"))
+    assert found, f"no modules under {PACKAGE / package}: the layer rules would check nothing"
     return found
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_package_imports_only_lower_layers(package):
     bad = []
-    for path in (REPO / package).rglob("*.py"):
+    for path in _modules(package):
         imported = _imports(path)
-        for name in imported & PROJECT - ALLOWED[package]:
-            bad.append(f"{path.relative_to(REPO)} imports {name}")
+        for name in imported & LAYERS - ALLOWED[package]:
+            bad.append(f"{path.relative_to(PACKAGE)} imports {name}")
         for name in imported & FORBIDDEN_THIRD_PARTY.get(package, set()):
-            bad.append(f"{path.relative_to(REPO)} imports {name}")
+            bad.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_rules_see_a_violation(tmp_path):
+    # the checker itself: a schemas module importing the warehouse is caught
+    bad = tmp_path / "bad.py"
+    bad.write_text("from arenaforge.warehouse.db import Warehouse\nimport duckdb\n")
+    assert _imports(bad) & LAYERS - ALLOWED["schemas"] == {"warehouse"}
+    assert _imports(bad) & FORBIDDEN_THIRD_PARTY["schemas"] == {"duckdb"}

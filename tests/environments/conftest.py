@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from environments.runtime import Pool, create_pool
-from schemas.config import SandboxConfig
+from arenaforge.environments.runtime import Pool, create_pool
+from arenaforge.schemas.config import SandboxConfig
 from tests.support.requirements import require_docker
 
 T = TypeVar("T")

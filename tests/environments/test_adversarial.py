@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.models import ToolObservation
+from arenaforge.schemas.models import ToolObservation
 from tests.environments.conftest import HOST_SECRET, PoolHandle
 from tests.environments.toolsets import adversarial_env
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from environments.package import read_package, write_package
-from schemas.errors import InputError
-from schemas.models import Environment
+from arenaforge.environments.package import read_package, write_package
+from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.models import Environment
 from tests.environments.toolsets import message_api_env, retail_class_env, retail_functions_env
 
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from environments.package import write_package
-from environments.runtime import create_pool, run_calls
-from environments.runtime import pool as pool_module
+from arenaforge.environments.package import write_package
+from arenaforge.environments.runtime import create_pool, run_calls
+from arenaforge.environments.runtime import pool as pool_module
 from tests.environments.conftest import sandbox_config
 from tests.environments.toolsets import adversarial_env, retail_functions_env
 
 
 def test_concurrency_cap_queues_calls() -> None:
     code = "import time\ndef interval(seconds):\n    start = time.time()\n    time.sleep(seconds)\n    return [start, time.time()]\n"
-    from schemas.models import Environment, FunctionDoc
+    from arenaforge.schemas.models import Environment, FunctionDoc
 
     env = Environment(name="cap", tools=[FunctionDoc(name="interval")], code=code)
 
@@ -74,7 +74,7 @@ def test_auto_falls_back_to_process_with_a_warning(monkeypatch: pytest.MonkeyPat
 
 
 def test_cli_run_and_check(tmp_path: Path) -> None:
-    from flows.cli import app
+    from arenaforge.flows.cli import app
 
     write_package(retail_functions_env(), tmp_path / "env")
     runner = CliRunner()
@@ -91,7 +91,7 @@ def test_cli_run_and_check(tmp_path: Path) -> None:
 
 
 def test_benchmark_smoke() -> None:
-    from tasks.benchmarks.sandbox import main
+    from arenaforge.tasks.benchmarks.sandbox import main
 
     result = main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0, backend="process", pool_size=1)
     assert result["pool_backend"] == "process"
@@ -109,7 +109,7 @@ def test_session_cpu_limit_and_odd_results() -> None:
         "def unrenderable():\n    return Bad()\n"
         "def ok():\n    return 'fine'\n"
     )
-    from schemas.models import Environment, FunctionDoc
+    from arenaforge.schemas.models import Environment, FunctionDoc
 
     env = Environment(name="odd", tools=[FunctionDoc(name=n) for n in ("spin", "surrogate", "unrenderable", "ok")], code=code)
 
@@ -132,7 +132,7 @@ def test_session_cpu_limit_and_odd_results() -> None:
 
 def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) -> None:
     """The degraded path (no root, or no world-readable Python): process groups instead of session uids."""
-    from environments.runtime.transports import ProcessLauncher
+    from arenaforge.environments.runtime.transports import ProcessLauncher
 
     monkeypatch.setattr(ProcessLauncher, "can_setuid", property(lambda self: False))
 
@@ -160,8 +160,8 @@ def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) 
 def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from environments.runtime.transports import DockerLauncher
-    from schemas.errors import SandboxError
+    from arenaforge.environments.runtime.transports import DockerLauncher
+    from arenaforge.schemas.errors import SandboxError
 
     async def broken(self: DockerLauncher) -> None:
         raise SandboxError("debootstrap is not installed")
@@ -204,7 +204,7 @@ def ok():
 
 
 def test_tool_writing_into_its_reply_channel() -> None:
-    from schemas.models import Environment, FunctionDoc
+    from arenaforge.schemas.models import Environment, FunctionDoc
 
     env = Environment(name="abuse", tools=[FunctionDoc(name=n) for n in ("flood", "forge", "ok")], code=CHANNEL_ABUSE)
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from environments.runtime import EnvLoadError, run_calls
-from schemas.errors import SandboxError
-from schemas.models import Environment, FunctionDoc
+from arenaforge.environments.runtime import EnvLoadError, run_calls
+from arenaforge.schemas.errors import SandboxError
+from arenaforge.schemas.models import Environment, FunctionDoc
 from tests.environments.conftest import PoolHandle
 from tests.environments.toolsets import message_api_env, retail_class_env, retail_functions_env
 

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from schemas.models import Environment, FunctionDoc, GoldCall
+from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall
 
 RETAIL_STATE = {
     "orders": {

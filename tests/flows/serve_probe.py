@@ -10,10 +10,10 @@ import time
 from prefect import flow, task
 from pydantic import BaseModel, Field
 
-from flows.artifacts import progress, run_summary
-from schemas.config import load_config
-from schemas.models import Rejection
-from warehouse import Warehouse, recorded_run
+from arenaforge.flows.artifacts import progress, run_summary
+from arenaforge.schemas.config import load_config
+from arenaforge.schemas.models import Rejection
+from arenaforge.warehouse import Warehouse, recorded_run
 
 
 class ProbeParams(BaseModel):

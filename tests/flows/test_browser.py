@@ -115,7 +115,7 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
 
     from prefect.client.orchestration import get_client
 
-    from schemas.kinds_training import TrainStep
+    from arenaforge.schemas.kinds_training import TrainStep
 
     ui = served.ui_url()
     page = browser.new_page(viewport={"width": 1400, "height": 800})

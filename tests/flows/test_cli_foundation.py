@@ -10,15 +10,15 @@ from pathlib import Path
 
 import polars as pl
 
-from schemas import FunctionDoc, Tool
-from warehouse import Warehouse
+from arenaforge.schemas import FunctionDoc, Tool
+from arenaforge.warehouse import Warehouse
 
 COMMANDS = ["demo", "ingest", "graph", "sft", "envs", "sandbox", "rollout", "train", "eval", "serve", "db", "bench", "config"]
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=cwd, env=full_env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", *args], cwd=cwd, env=full_env, capture_output=True,
                           text=True, timeout=120)
 
 

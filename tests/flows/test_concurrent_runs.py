@@ -1,4 +1,4 @@
-"""Two writers, one DuckDB file: no lost writes, no duplicates (warehouse/db.py retries on lock)."""
+"""Two writers, one DuckDB file: no lost writes, no duplicates (arenaforge/warehouse/db.py retries on lock)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from tests.support.served import served_flows
-from warehouse import Warehouse
+from arenaforge.warehouse import Warehouse
 
 WRITER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from schemas.models import Rejection
-    from warehouse import Warehouse
+    from arenaforge.schemas.models import Rejection
+    from arenaforge.warehouse import Warehouse
 
     db, who, go = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     wh = Warehouse(db, lock_timeout_s=60)
@@ -60,8 +60,8 @@ def test_two_processes_upsert_concurrently(tmp_path: Path) -> None:
 def test_synthesis_and_training_runs_at_once(served: Any, tmp_path: Path) -> None:
     """A synthesis-style run (many small upserts) and a real `train-sft` run on the same warehouse,
     overlapping in time: both complete, every row is there exactly once."""
-    from flows.deployments import start_run
-    from schemas.kinds_training import TrainStep
+    from arenaforge.flows.deployments import start_run
+    from arenaforge.schemas.kinds_training import TrainStep
 
     flows = served_flows()
     data = tmp_path / "sft.jsonl"

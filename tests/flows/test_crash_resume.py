@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from warehouse import Warehouse
+from arenaforge.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
 TABLES = ["qa_instances", "environments", "rejections"]
@@ -24,7 +24,7 @@ ARGS = ["envs", "synth", "--n", "16", "--batch-size", "4", "--seed", "7"]
 
 
 def _cmd(db: Path) -> list[str]:
-    return [sys.executable, "-m", "flows.cli", "--db", str(db), *ARGS]
+    return [sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), *ARGS]
 
 
 def _counts(db: Path) -> dict[str, int]:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from schemas.models import (
+from arenaforge.flows.cli import app
+from arenaforge.schemas.models import (
     ChatMessage,
     Environment,
     FunctionDoc,
@@ -18,7 +18,7 @@ from schemas.models import (
     Trajectory,
     Verification,
 )
-from warehouse import Warehouse, recorded_run
+from arenaforge.warehouse import Warehouse, recorded_run
 
 
 def _env(i: int, verified: bool, tools: int) -> Environment:
@@ -81,7 +81,7 @@ def test_query_accepts_sql(browse_db: Path) -> None:
 
 
 def test_bad_where_and_unknown_view_are_user_errors(browse_db: Path) -> None:
-    from schemas.errors import WarehouseError
+    from arenaforge.schemas.errors import WarehouseError
 
     res = CliRunner().invoke(app, ["--db", str(browse_db), "db", "show", "environments", "--where", "nonsense >"])
     assert isinstance(res.exception, WarehouseError) and "query failed" in str(res.exception)

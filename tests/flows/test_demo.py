@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from warehouse import Warehouse
+from arenaforge.warehouse import Warehouse
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_demo_fills_the_warehouse_and_reruns_without_duplicates(tmp_path, prefect_server):
     env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}
-    cmd = [sys.executable, "-m", "flows.cli", "demo", "--n", "12"]
+    cmd = [sys.executable, "-m", "arenaforge.flows.cli", "demo", "--n", "12"]
     first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
     wh = Warehouse(tmp_path / "arenaforge.duckdb")

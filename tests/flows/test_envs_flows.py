@@ -12,12 +12,12 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from schemas.kinds_envs import DistractorSet, EnvMerge, QAVerification
-from schemas.models import Environment, QAInstance, Rejection
+from arenaforge.flows.cli import app
+from arenaforge.schemas.kinds_envs import DistractorSet, EnvMerge, QAVerification
+from arenaforge.schemas.models import Environment, QAInstance, Rejection
 from tests.support.envs_fakes import EnvsResponder
 from tests.support.requirements import SHARED_DATA
-from warehouse import Warehouse
+from arenaforge.warehouse import Warehouse
 
 pytestmark = pytest.mark.prefect_server
 
@@ -71,7 +71,7 @@ def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monk
 
 
 def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) -> None:
-    from flows.envs_flows import EnvsParams, envs
+    from arenaforge.flows.envs_flows import EnvsParams, envs
 
     scripted_openai.responder = EnvsResponder(not_json_variants=(4,))  # one answer is prose, never JSON
     db = tmp_path / "o.duckdb"

@@ -80,8 +80,8 @@ def test_schedule_from_config_can_be_paused_and_resumed(served: Any) -> None:
 
 
 def test_bad_schedule_config_is_one_line() -> None:
-    from flows.deployments import build_schedules
-    from schemas.errors import ConfigError
+    from arenaforge.flows.deployments import build_schedules
+    from arenaforge.schemas.errors import ConfigError
 
     with pytest.raises(ConfigError, match="exactly one of cron"):
         build_schedules("ingest", {"cron": "0 * * * *", "interval_s": 5})
@@ -92,8 +92,8 @@ def test_bad_schedule_config_is_one_line() -> None:
 
 
 def test_cli_run_validates_params_and_completes(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.cli import app
-    from flows.registry import FLOWS
+    from arenaforge.flows.cli import app
+    from arenaforge.flows.registry import FLOWS
 
     monkeypatch.setitem(FLOWS, "probe", served_flows()["probe"])
     monkeypatch.setenv("ARENAFORGE_PREFECT__API_URL", served.api_url)
@@ -118,7 +118,7 @@ def test_server_rejects_wrong_types_before_running(served: Any) -> None:
 def test_run_while_server_down_is_one_clear_line(tmp_path: Any) -> None:
     env = {**os.environ, "ARENAFORGE_PREFECT__API_URL": "http://127.0.0.1:9/api", "ARENAFORGE_DB": str(tmp_path / "x.duckdb")}
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "serve", "run", "train-sft", "--param", "max_steps=2"],
+        [sys.executable, "-m", "arenaforge.flows.cli", "serve", "run", "train-sft", "--param", "max_steps=2"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2
@@ -128,7 +128,7 @@ def test_run_while_server_down_is_one_clear_line(tmp_path: Any) -> None:
 
 def test_killed_run_reruns_to_completion_without_duplicates(served: Any) -> None:
     """SIGKILL the flow-run process mid-way; a re-run completes; content ids keep every row once."""
-    from flows.deployments import start_run
+    from arenaforge.flows.deployments import start_run
 
     flows = served_flows()
     params = {"tag": "killed", "n": 40, "batch": 4, "pause_s": 0.4}

@@ -1,4 +1,4 @@
-"""flows/artifacts.py: helpers are no-ops outside a run and create real artifacts inside one."""
+"""arenaforge/flows/artifacts.py: helpers are no-ops outside a run and create real artifacts inside one."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from flows import artifacts
-from flows.artifacts import SANDBOX, artifact_key, limit, markdown_table, plot_artifact, progress, run_summary, step_curves
+from arenaforge.flows import artifacts
+from arenaforge.flows.artifacts import SANDBOX, artifact_key, limit, markdown_table, plot_artifact, progress, run_summary, step_curves
 
 
 def test_keys_and_tables() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.registry import FLOWS
-from flows.serve import api_healthy
+from arenaforge.flows.registry import FLOWS
+from arenaforge.flows.serve import api_healthy
 from tests.support.prefect_server import free_port
 
 pytestmark = [pytest.mark.prefect_server, pytest.mark.slow]
@@ -43,7 +43,7 @@ def test_serve_starts_everything_and_one_ctrl_c_stops_it(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "ARENAFORGE_"))}
     env.update({"NO_COLOR": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"})
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "serve"], cwd=tmp_path, env=env,
+        [sys.executable, "-m", "arenaforge.flows.cli", "serve"], cwd=tmp_path, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     lines: list[str] = []
@@ -63,7 +63,7 @@ def test_serve_starts_everything_and_one_ctrl_c_stops_it(tmp_path: Path) -> None
         assert _pids_matching(f"--pool {pool}"), "no worker process"
 
         ls = subprocess.run(
-            [sys.executable, "-m", "flows.cli", "serve", "ls"], cwd=tmp_path, env=env,
+            [sys.executable, "-m", "arenaforge.flows.cli", "serve", "ls"], cwd=tmp_path, env=env,
             capture_output=True, text=True, timeout=120,
         )
         assert ls.returncode == 0 and "train-sft" in ls.stdout and "paused 0 3 * * *" in ls.stdout, ls.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.config import Config, PrefectConfig, WarehouseConfig
+from arenaforge.schemas.config import Config, PrefectConfig, WarehouseConfig
 from tests.support.prefect_server import free_port
 from tests.support.requirements import skip_or_fail
 
@@ -49,14 +49,14 @@ def postgres_url() -> Iterator[tuple[str, str, int]]:
 @pytest.mark.prefect_server
 @pytest.mark.slow
 def test_serve_keeps_prefect_state_in_postgres(postgres_url, tmp_path):
-    from flows.serve import Stack
+    from arenaforge.flows.serve import Stack
 
     url, bindir, port = postgres_url
     cfg = Config(
         warehouse=WarehouseConfig(path=str(tmp_path / "w.duckdb")),
         prefect=PrefectConfig(database_url=url, port=free_port()),
     )
-    flows = {"envs": "flows.envs_flows:envs", "train-sft": "flows.train_flows:train_sft"}
+    flows = {"envs": "arenaforge.flows.envs_flows:envs", "train-sft": "arenaforge.flows.train_flows:train_sft"}
     with Stack(cfg, flows=flows, home=tmp_path / "prefect-home", worker=False, server_timeout_s=300) as stack:
         assert set(stack.deployments) == set(flows)
         psql = _as_postgres(f"{bindir}/psql", "-h", "127.0.0.1", "-p", str(port), "-d", "prefect", "-tA",

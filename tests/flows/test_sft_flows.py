@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 from typer.testing import CliRunner
 
-import flows.sft_flows  # noqa: F401  (imports prefect now: its log handlers bind to the real stderr, not a CliRunner's)
-from flows.cli import app
-from flows.registry import FLOWS, load_flow
-from schemas.models import JudgeScore, Run, Server, Trajectory
+import arenaforge.flows.sft_flows  # noqa: F401  (imports prefect now: its log handlers bind to the real stderr, not a CliRunner's)
+from arenaforge.flows.cli import app
+from arenaforge.flows.registry import FLOWS, load_flow
+from arenaforge.schemas.models import JudgeScore, Run, Server, Trajectory
 
-SAMPLE = Path(__file__).resolve().parents[2] / "tasks" / "data" / "sample_tools"
+SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
 
 
 def _run(db: Path, *args: str) -> str:
@@ -26,10 +27,10 @@ def _json(output: str) -> dict:
 
 
 def test_sft_flows_are_registered_with_one_params_model():
-    from flows.deployments import params_model
+    from arenaforge.flows.deployments import params_model
 
     for name in ("ingest", "graph", "sft"):
-        assert FLOWS[name] == f"flows.sft_flows:{name}"
+        assert FLOWS[name] == f"arenaforge.flows.sft_flows:{name}"
         flow = load_flow(name)
         assert flow.name == name and params_model(flow) is not None
 
@@ -75,7 +76,7 @@ def test_ingest_without_inputs_is_a_one_line_error(tmp_warehouse):
 
 
 def test_ingest_parses_mcp_options_between_paths(monkeypatch):
-    import flows.sft_flows as sft_flows
+    import arenaforge.flows.sft_flows as sft_flows
 
     seen = {}
     monkeypatch.setattr(sft_flows, "ingest", lambda params: seen.setdefault("params", params) and {"tools": 0})

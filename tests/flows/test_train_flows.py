@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from flows.registry import FLOWS, load_flow
-from schemas.kinds_training import Checkpoint, EvalRun, TrainStep
-from schemas.models import Environment, Rollout, Run
+from arenaforge.flows.cli import app
+from arenaforge.flows.registry import FLOWS, load_flow
+from arenaforge.schemas.kinds_training import Checkpoint, EvalRun, TrainStep
+from arenaforge.schemas.models import Environment, Rollout, Run
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
@@ -55,12 +55,12 @@ def _run(wh, *args):
 
 
 def test_flows_are_registered_with_one_params_model():
-    from flows.deployments import params_model
+    from arenaforge.flows.deployments import params_model
 
     for name in ("rollout", "train-grpo", "train-sft", "warmstart", "eval"):
         flow = load_flow(name)
         assert flow.name == name and params_model(flow) is not None
-    assert FLOWS["train-grpo"] == "flows.train_flows:train_grpo"
+    assert FLOWS["train-grpo"] == "arenaforge.flows.train_flows:train_grpo"
 
 
 def test_grpo_hf_engine_writes_metrics_checkpoints_and_resumes(wh, tmp_path):

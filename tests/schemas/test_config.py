@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.config import load_config
-from schemas.errors import ConfigError
+from arenaforge.schemas.config import load_config
+from arenaforge.schemas.errors import ConfigError
 
 
 def test_defaults_when_nothing_is_set(tmp_path, monkeypatch):

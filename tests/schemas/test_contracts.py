@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ContractError, FunctionDoc, Rejection, Tool
-from schemas.contracts import DIALECT, build_schema, check_json_schema, load_schema, schema_id, schema_path, validate
-from schemas.ids import canonical_json, content_id
-from schemas.registry import kinds
+from arenaforge.schemas import ContractError, FunctionDoc, Rejection, Tool
+from arenaforge.schemas.contracts import DIALECT, build_schema, check_json_schema, load_schema, schema_id, schema_path, validate
+from arenaforge.schemas.ids import canonical_json, content_id
+from arenaforge.schemas.registry import kinds
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=20))
 json_values = st.recursive(
@@ -26,7 +26,7 @@ names = st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,20}", fullmatch=True)
 def test_schema_file_matches_model(kind):
     model = kinds()[kind]
     on_disk = json.loads(schema_path(kind).read_text())
-    assert on_disk == json.loads(json.dumps(build_schema(model))), "run `python -m schemas.generate`"
+    assert on_disk == json.loads(json.dumps(build_schema(model))), "run `python -m arenaforge.schemas.generate`"
     assert on_disk["$schema"] == DIALECT and on_disk["$id"] == schema_id(kind)
     assert check_json_schema(on_disk) is None
 

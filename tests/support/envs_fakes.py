@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from schemas.config import ModelConfig, SandboxConfig
-from tests.support.scripted_openai import Reply, chat_completion
+from arenaforge.schemas.config import ModelConfig, SandboxConfig
+from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
 
 
 def fake_embed(texts: list[str]) -> np.ndarray:
@@ -55,7 +55,7 @@ class EnvsResponder:
 
     def __init__(self, bad_code: str | None = None, not_json_steps: tuple[str, ...] = (),
                  not_json_variants: tuple[int, ...] = ()) -> None:
-        from tasks.knowledge import load_sample
+        from arenaforge.tasks.envs.knowledge import load_sample
 
         src = load_sample()
         self.customers = {r[0]: dict(zip(("city", "tier", "country", "last_name"), r[1:], strict=True))

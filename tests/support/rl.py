@@ -1,9 +1,9 @@
 """Shared pieces for the RL/training tests: a hand-built environment, a test pool, the tiny model.
 
-`InProcessPool` is a test double for `environments.runtime`'s pool (same open/call/close
+`InProcessPool` is a test double for `arenaforge.environments.runtime`'s pool (same open/call/close
 API): it runs an environment's standard-library tool code in this process with no isolation.
 It exists only so rollout and trainer tests need no sandbox; tests that exercise the real
-runtime use `real_pool()` when `environments.runtime` is importable.
+runtime use `real_pool()` when `arenaforge.environments.runtime` is importable.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas.errors import SandboxError
-from schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
+from arenaforge.schemas.errors import SandboxError
+from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
 
 CODE = '''
 DATA = {}
@@ -106,6 +106,6 @@ class InProcessPool:
 
 
 def tiny_model_path() -> Path:
-    from tasks.train.tiny_model import ensure_tiny_model
+    from arenaforge.tasks.train.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()

@@ -1,7 +1,7 @@
 """The session's `arenaforge serve` stack for tests (see the `served` fixture in tests/conftest.py).
 
 Connects to the session `prefect_server` (prefect.api_url) instead of starting a second
-server, registers every deployment in flows.registry.FLOWS plus `probe` (a tiny flow in
+server, registers every deployment in arenaforge.flows.registry.FLOWS plus `probe` (a tiny flow in
 tests/flows/serve_probe.py that writes rows, so the tests do not depend on which capability
 flows have landed), and starts a worker on its own work pool.
 """
@@ -16,15 +16,15 @@ SCHEDULES = {"probe": {"interval_s": 3600, "active": False, "parameters": {"para
 
 
 def served_flows() -> dict[str, str]:
-    from flows.registry import FLOWS
+    from arenaforge.flows.registry import FLOWS
 
     return {**FLOWS, **PROBE}
 
 
 def start_served(prefect_server: Any, root: Path) -> Any:
-    from flows.serve import Stack
-    from schemas.config import load_config
-    from warehouse import Warehouse
+    from arenaforge.flows.serve import Stack
+    from arenaforge.schemas.config import load_config
+    from arenaforge.warehouse import Warehouse
 
     db = root / "served.duckdb"
     cfg = load_config(

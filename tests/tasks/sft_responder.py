@@ -11,8 +11,8 @@ import random
 import re
 from typing import Any
 
-from tasks.tool_simulator import sample_value
-from tests.support.scripted_openai import chat_completion
+from arenaforge.tasks.sft.tool_simulator import sample_value
+from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
 
 _TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
 

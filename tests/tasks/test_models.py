@@ -8,11 +8,11 @@ import socket
 
 import pytest
 
-from schemas.config import ModelConfig
-from schemas.errors import ParseError, ProviderError
-from tasks.models import ChatRequest, chat_model, complete_json
-from tasks.models.limiter import AdaptiveLimiter
-from tests.support.scripted_openai import Reply, chat_completion
+from arenaforge.schemas.config import ModelConfig
+from arenaforge.schemas.errors import ParseError, ProviderError
+from arenaforge.tasks.models import ChatRequest, chat_model, complete_json
+from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -177,8 +177,8 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
 
 
 def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
-    """Keys written before the orjson fast path stay valid: same bytes as schemas.ids.canonical_json."""
-    from schemas.ids import canonical_json, sha256_hex
+    """Keys written before the orjson fast path stay valid: same bytes as arenaforge.schemas.ids.canonical_json."""
+    from arenaforge.schemas.ids import canonical_json, sha256_hex
 
     req = ChatRequest(step="s", messages=[{"role": "user", "content": "Ünïcode, quotes \" and 1.5"}],
                       response_schema=SCHEMA, temperature=0.7, seed=3, max_tokens=128)

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from schemas.errors import ConfigError, ProviderError
-from tasks.policy import SamplingParams, build_engine
-from tasks.policy.vllm_http import VllmHttpEngine
-from tasks.rl_rollout import RolloutConfig, run_episode
+from arenaforge.schemas.errors import ConfigError, ProviderError
+from arenaforge.tasks.policy import SamplingParams, build_engine
+from arenaforge.tasks.policy.vllm_http import VllmHttpEngine
+from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
 from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 

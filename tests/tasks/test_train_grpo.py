@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from schemas.models import RewardBreakdown, Rollout
-from tasks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
-from tasks.train.checkpoints import CheckpointManager
-from tasks.train.grpo import GrpoConfig, GrpoTrainer, group_advantages, pack, policy_loss, token_logprobs
+from arenaforge.schemas.models import RewardBreakdown, Rollout
+from arenaforge.tasks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
+from arenaforge.tasks.train.checkpoints import CheckpointManager
+from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer, group_advantages, pack, policy_loss, token_logprobs
 from tests.support.rl import tiny_model_path
 
 
@@ -192,10 +192,10 @@ def test_checkpoints_keep_optimizer_state_for_newest_only(tmp_path, tiny):
 
 
 def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehouse, tiny):
-    from schemas.kinds_training import Checkpoint, TrainStep
-    from tasks.policy.scripted import ScriptedEngine
-    from tasks.rl_rollout import RolloutConfig
-    from tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
+    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.tasks.rollout.episodes import RolloutConfig
+    from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import InProcessPool, solving_policy, tiny_env
 
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from schemas.errors import InputError
-from schemas.kinds_training import Checkpoint, TrainStep
-from tasks.train.sft import SftConfig, encode, load_examples, train_sft
+from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
+from arenaforge.tasks.train.sft import SftConfig, encode, load_examples, train_sft
 from tests.support.rl import tiny_model_path
 
 TOOLS = [{"type": "function", "function": {"name": "get_capital", "description": "Capital of a country.",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from schemas.models import GoldCall
-from tasks.train.sft import encode, load_examples
-from tasks.train.warmstart import warmstart_examples, write_jsonl
+from arenaforge.schemas.models import GoldCall
+from arenaforge.tasks.train.sft import encode, load_examples
+from arenaforge.tasks.train.warmstart import warmstart_examples, write_jsonl
 from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
 
 
@@ -30,8 +30,8 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
     """Warm-start prompts are the rollout's prompts: the SFT sequence is the rollout's token sequence."""
     from transformers import AutoTokenizer
 
-    from tasks.policy.scripted import ScriptedEngine
-    from tasks.rl_rollout import RolloutConfig, run_episode
+    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     env = tiny_env()

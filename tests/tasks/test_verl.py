@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.rl_rollout import RolloutConfig
-from tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
-from tasks.verl.dataset import AGENT_NAME, dataset_rows, write_dataset
-from tasks.verl.job import VerlJobSpec, write_job
-from tasks.verl.reward import compute_score
-from tasks.verl.tool import ArenaTool
+from arenaforge.tasks.rollout.episodes import RolloutConfig
+from arenaforge.tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
+from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, write_dataset
+from arenaforge.tasks.verl.job import VerlJobSpec, write_job
+from arenaforge.tasks.verl.reward import compute_score
+from arenaforge.tasks.verl.tool import ArenaTool
 from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env, tiny_model_path
 
 
@@ -95,7 +95,7 @@ def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
     assert o["actor_rollout_ref.actor.entropy_coeff"] == "0.0" and o["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
     assert o["actor_rollout_ref.rollout.n"] == "4" and o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     assert (tmp_path / "verl" / "train.parquet").exists() and (tmp_path / "verl" / "job.json").exists()
-    assert "tasks.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    assert "arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
     assert job.entrypoint.startswith("python -m verl.trainer.main_ppo ")
 
 
@@ -128,7 +128,7 @@ def test_verl_adapter_subclasses_agent_loop_base():
     pytest.importorskip("verl", reason="optional: verl is an extra (pip install 'arenaforge[verl]')")
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
-    from tasks.verl.verl_adapter import ArenaAgentLoop
+    from arenaforge.tasks.verl.verl_adapter import ArenaAgentLoop
 
     assert issubclass(ArenaAgentLoop, AgentLoopBase)
 
@@ -174,10 +174,10 @@ def test_verl_adapter_against_a_stub_of_verl_0_9_agent_loop_module(tokenizer, mo
     for name in ("verl", "verl.experimental", "verl.experimental.agent_loop"):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, "verl.experimental.agent_loop.agent_loop", stub)
-    monkeypatch.delitem(sys.modules, "tasks.verl.verl_adapter", raising=False)
-    import tasks.verl.verl_adapter as adapter
+    monkeypatch.delitem(sys.modules, "arenaforge.tasks.verl.verl_adapter", raising=False)
+    import arenaforge.tasks.verl.verl_adapter as adapter
 
-    monkeypatch.setitem(sys.modules, "tasks.verl.verl_adapter", adapter)  # removed again at teardown
+    monkeypatch.setitem(sys.modules, "arenaforge.tasks.verl.verl_adapter", adapter)  # removed again at teardown
 
     monkeypatch.setattr(adapter, "_POOL", InProcessPool())
     ns = types.SimpleNamespace
@@ -186,7 +186,7 @@ def test_verl_adapter_against_a_stub_of_verl_0_9_agent_loop_module(tokenizer, mo
     loop = adapter.ArenaAgentLoop(ns(config=config), ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
                                   None, None, ns(config={}))
     out = asyncio.run(loop.run({"temperature": 1.0}, **_sample_kwargs(env)))
-    assert registry == {"arena_agent": {"_target_": "tasks.verl.verl_adapter.ArenaAgentLoop"}}
+    assert registry == {"arena_agent": {"_target_": "arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop"}}
     assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0 and out.extra_fields["calls"] == 2
     assert len(out.response_ids) == len(out.response_mask) <= 400 and out.metrics.generate_sequences >= 0
 
@@ -196,7 +196,7 @@ def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, mo
     import sys
     import types
 
-    from tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
+    from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
 
     submitted = {}
 

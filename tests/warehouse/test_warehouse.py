@@ -11,9 +11,9 @@ import duckdb
 import polars as pl
 import pytest
 
-from schemas import FunctionDoc, Rejection, Server, Tool, WarehouseError
-from warehouse import Warehouse, export_relation, migration_files, recorded_run
-from warehouse.db import _MIGRATED
+from arenaforge.schemas import FunctionDoc, Rejection, Server, Tool, WarehouseError
+from arenaforge.warehouse import Warehouse, export_relation, migration_files, recorded_run
+from arenaforge.warehouse.db import _MIGRATED
 
 
 def _tools(n: int, server: str = "srv") -> list[Tool]:
@@ -93,8 +93,8 @@ def test_second_process_waits_for_the_lock_instead_of_failing(tmp_path):
     holder = duckdb.connect(str(path))  # this process holds the write lock...
     script = textwrap.dedent(
         f"""
-        from schemas import Tool, FunctionDoc
-        from warehouse import Warehouse
+        from arenaforge.schemas import Tool, FunctionDoc
+        from arenaforge.warehouse import Warehouse
         wh = Warehouse({str(path)!r}, lock_timeout_s=30)
         n = wh.upsert([Tool(server="other", function=FunctionDoc(name="late"), source="openai")])
         print(n)
@@ -134,7 +134,7 @@ def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse)
     import threading
     import time
 
-    from warehouse.buffer import BufferedTableWriter
+    from arenaforge.warehouse.buffer import BufferedTableWriter
 
     writer = BufferedTableWriter(tmp_warehouse, "llm_calls", [
         ("call_id", "VARCHAR"), ("key", "VARCHAR"), ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"),

@@ -1,0 +1,8 @@
+"""Arenaforge: synthesize tool-use SFT data and verifiable RL environments for LLM agents, and train on them.
+
+Sub-packages, lowest layer first (imports point one way; see docs/ARCHITECTURE.md):
+`schemas` (contracts), `warehouse` (storage) and `environments` (env format, sandbox, reward),
+`tasks` (stages and the model seam), `flows` (Prefect flows, deployments, the CLI).
+"""
+
+__version__ = "0.2.0"

@@ -1,0 +1,96 @@
+"""The F1 trajectory reward (ASTRA, METHOD.md §1c): the one place it is defined.
+
+Used by environment self-tests (arenaforge/tasks/envs/synthesize_env) and by RL rollouts and eval alike.
+
+Definitions
+-----------
+n  : number of sub-tasks = gold sub-answers of the environment (one per tool-needing sub-QA).
+n̂  : sub-tasks *solved*. Sub-task i is solved when its gold answer appears, after
+     normalisation (`normalise`), in at least one tool observation the agent actually
+     received. Each sub-task counts once, however many observations contain it; two
+     sub-tasks with the same gold answer are both solved by one observation containing it.
+c  : every tool call the agent issued, malformed ones (unparsable JSON, unknown tool,
+     invalid arguments) included: they cost precision like any other call.
+
+    r = n̂ / n          p = n̂ / (c + ε)          reward = 2pr / (p + r),  0 when n̂ = 0
+
+Precision exceeds 1 only when one call's observation solves several sub-tasks (n̂ > c);
+it is reported unclipped for transparency and the F1 is clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+
+from arenaforge.schemas.models import RewardBreakdown
+
+EPSILON = 1e-9
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
+_PUNCT = re.compile(r"[^\w\s.\-+/:]")
+
+
+def normalise(text: str) -> str:
+    """Case-folded, accent-stripped, punctuation-light, whitespace-collapsed text."""
+    text = unicodedata.normalize("NFKD", str(text))
+    text = "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
+    text = _PUNCT.sub(" ", text)
+    text = re.sub(r"(?<!\d)\.|\.(?!\d)", " ", text)  # keep decimal points, drop sentence dots
+    return " ".join(text.split())
+
+
+def _numbers(text: str) -> list[float]:
+    out = []
+    for match in _NUMBER.findall(text):
+        try:
+            out.append(float(match.replace(",", "")))
+        except ValueError:
+            continue
+    return out
+
+
+def _as_number(text: str) -> float | None:
+    stripped = text.strip().replace(",", "")
+    try:
+        value = float(stripped)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def answer_matches(gold: str, observation: str) -> bool:
+    """Whether `gold` appears in `observation` after normalisation.
+
+    Numbers compare numerically (12.5 == 12.50 == "12.5"); other answers must appear as a
+    whole-word substring of the normalised observation.
+    """
+    number = _as_number(str(gold))
+    if number is not None:
+        return any(math.isclose(number, x, rel_tol=1e-6, abs_tol=1e-9) for x in _numbers(str(observation)))
+    g = normalise(gold)
+    if not g:
+        return False
+    o = normalise(observation)
+    return re.search(rf"(?<![\w]){re.escape(g)}(?![\w])", o) is not None
+
+
+def solved_subtasks(gold_answers: Sequence[str], observations: Iterable[str]) -> list[bool]:
+    """For each gold sub-answer, whether some received observation contains it."""
+    obs = list(observations)
+    return [any(answer_matches(gold, o) for o in obs) for gold in gold_answers]
+
+
+def f1_reward(gold_answers: Sequence[str], observations: Iterable[str], calls: int) -> RewardBreakdown:
+    """F1 of sub-task recall and tool-call precision; see the module docstring."""
+    n = len(gold_answers)
+    solved = sum(solved_subtasks(gold_answers, observations)) if n else 0
+    recall = solved / n if n else 0.0
+    # ε only guards c = 0 (then n̂ = 0 too: observations come from calls); dividing by c
+    # itself keeps a perfect replay at exactly 1.0 instead of 1 - 1e-9.
+    precision = solved / max(calls, EPSILON) if solved else 0.0
+    f1 = 0.0 if solved == 0 else min(1.0, 2 * precision * recall / (precision + recall))
+    return RewardBreakdown(
+        recall=recall, precision=precision, f1=f1, solved=solved, subtasks=n, calls=calls
+    )

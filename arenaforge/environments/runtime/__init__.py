@@ -1,0 +1,17 @@
+"""The sandbox runtime: a warm pool of workers that run environments' tool code in isolation.
+
+Public API (everything else here is internal):
+
+    pool = await create_pool(SandboxConfig())       # docker if an engine answers, else process (warned)
+    session = await pool.open(env)                  # raises EnvLoadError if the code does not load
+    obs = await pool.call(session, "tool", {...})   # -> ToolObservation: ok/no_output/error/timeout/limit
+    await pool.close(session); await pool.shutdown()  # or: async with await create_pool(cfg) as pool
+    observations = await run_calls(pool, env, env.calls)  # a fresh session, closed afterwards
+
+See docs/SANDBOX.md for the limits and how they are enforced.
+"""
+
+from arenaforge.environments.runtime.image import build_image, image_ref, image_tag
+from arenaforge.environments.runtime.pool import EnvLoadError, Pool, Session, create_pool, run_calls
+
+__all__ = ["EnvLoadError", "Pool", "Session", "build_image", "create_pool", "image_ref", "image_tag", "run_calls"]

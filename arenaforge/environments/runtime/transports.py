@@ -1,0 +1,338 @@
+"""How the pool reaches a worker: a Docker container's attached stdio, or a local subprocess.
+
+A `Launcher` makes `Transport`s; a transport moves JSON lines to and from one worker and can
+kill it. Everything above (sessions, limits, replacement) is the same for both backends and
+lives in `arenaforge.environments.runtime.pool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import struct
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from arenaforge.schemas.config import SandboxConfig
+from arenaforge.schemas.errors import SandboxError
+
+from arenaforge.environments.runtime.image import WORKER_COMMAND, WORKER_PATH, build_image
+
+log = logging.getLogger("arenaforge.sandbox")
+
+POOL_LABEL = "arenaforge.sandbox"
+STREAM_LIMIT = 1 << 26  # longest reply line accepted from a worker (64 MiB)
+
+
+class Transport(Protocol):
+    name: str
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the worker (non-blocking)."""
+
+    def buffered(self) -> int:
+        """Bytes queued but not yet sent."""
+
+    async def drain(self) -> None: ...
+
+    async def readline(self) -> bytes:
+        """One line, or b"" once the worker is gone."""
+
+    async def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    backend: str
+    scratch_root: str
+    can_setuid: bool
+
+    async def prepare(self) -> None: ...
+
+    async def launch(self, index: int) -> Transport: ...
+
+    async def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- process backend
+class ProcessTransport:
+    def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
+        self.proc = proc
+        self.name = name
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+
+    def buffered(self) -> int:
+        assert self.proc.stdin is not None
+        return self.proc.stdin.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.drain()
+
+    async def readline(self) -> bytes:
+        assert self.proc.stdout is not None
+        try:
+            return await self.proc.stdout.readline()
+        except (ValueError, asyncio.LimitOverrunError, ConnectionError):
+            return b""
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except asyncio.TimeoutError:
+            log.warning("worker %s did not exit after SIGKILL", self.name)
+
+
+class ProcessLauncher:
+    """Workers as local subprocesses: rlimits, per-session uids when root, a private network namespace where permitted."""
+
+    backend = "process"
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        self.scratch_root = ""
+        self.python = sys.executable
+        self.setuid_ok = False
+
+    async def prepare(self) -> None:
+        self.scratch_root = tempfile.mkdtemp(prefix="arenaforge-scratch-")
+        os.chmod(self.scratch_root, 0o1777)
+        self.python, self.setuid_ok = await asyncio.to_thread(_pick_python)
+
+    @property
+    def can_setuid(self) -> bool:
+        return os.geteuid() == 0 and self.setuid_ok
+
+    async def launch(self, index: int) -> Transport:
+        # -I -S: no environment variables, user site or site-packages: tool code sees the stdlib only, as in the image
+        env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-I",
+            "-S",
+            str(WORKER_PATH),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=env,
+            cwd=self.scratch_root,
+            start_new_session=True,
+            limit=STREAM_LIMIT,
+        )
+        return ProcessTransport(proc, f"process-{index}-{proc.pid}")
+
+    async def close(self) -> None:
+        if self.scratch_root:
+            shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+
+def _world_readable_stdlib(python: str) -> bool:
+    """Whether an unprivileged session uid could import this interpreter's standard library."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [python, "-I", "-S", "-c", "import os; print(os.path.dirname(os.__file__))"],
+            capture_output=True, text=True, timeout=30, env={},
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if not out:
+        return False
+    path = Path(out).resolve()
+    for part in [path, *path.parents]:
+        try:
+            if not part.stat().st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return bool(path.stat().st_mode & 0o004) and os.access(python, os.X_OK)
+
+
+def _pick_python() -> tuple[str, bool]:
+    """This interpreter, or the system one when ours lives where other uids cannot read (e.g. under /root)."""
+    if os.geteuid() != 0:
+        return sys.executable, False
+    for candidate in (sys.executable, "/usr/bin/python3", shutil.which("python3") or ""):
+        if candidate and Path(candidate).exists() and _world_readable_stdlib(candidate):
+            return candidate, True
+    log.warning("no Python with a world-readable standard library: process sandbox sessions will not switch uid")
+    return sys.executable, False
+
+
+# --------------------------------------------------------------------------- docker backend
+class DockerTransport:
+    """The worker's stdin/stdout through the engine's attach stream (stdout arrives in 8-byte-header frames)."""
+
+    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Any) -> None:
+        self.container = container
+        self.name = f"docker-{container.short_id}"
+        self.reader = reader
+        self.writer = writer
+        self.raw = raw
+        self.lines = bytearray()
+        self.eof = False
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def buffered(self) -> int:
+        return self.writer.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def _frame(self) -> bytes:
+        header = await self.reader.readexactly(8)
+        stream, size = header[0], struct.unpack(">I", header[4:])[0]
+        payload = await self.reader.readexactly(size)
+        return payload if stream == 1 else b""
+
+    async def readline(self) -> bytes:
+        while True:
+            cut = self.lines.find(b"\n")
+            if cut >= 0:
+                line = bytes(self.lines[: cut + 1])
+                del self.lines[: cut + 1]
+                return line
+            if self.eof or len(self.lines) > STREAM_LIMIT:
+                return b""
+            try:
+                self.lines += await self._frame()
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                self.eof = True
+
+    async def kill(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 - the socket may already be gone
+            pass
+        await asyncio.to_thread(_remove_container, self.container)
+
+
+def _remove_container(container: Any) -> None:
+    import docker.errors
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as err:
+        if "already in progress" not in str(err):
+            log.warning("could not remove container %s: %s", container.short_id, err)
+
+
+def docker_client(timeout: int = 60) -> Any:
+    import docker
+
+    return docker.from_env(timeout=timeout)
+
+
+def docker_engine_answers() -> bool:
+    try:
+        client = docker_client(timeout=5)
+        client.ping()
+        client.close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine"
+        return False
+
+
+class DockerLauncher:
+    """Workers as long-lived containers: no network, read-only root, tmpfs scratch, capped memory/pids/CPU."""
+
+    backend = "docker"
+    scratch_root = "/tmp"
+    can_setuid = True
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        self.client: Any = None
+        self.image = ""
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def prepare(self) -> None:
+        self.client = await asyncio.to_thread(docker_client)
+        self.image = await asyncio.to_thread(build_image, self.client, self.cfg.image)
+        await asyncio.to_thread(self._reap_stale)
+
+    def _reap_stale(self) -> None:
+        """Remove containers left by pools of processes that died on this host."""
+        host = socket.gethostname()
+        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}):
+            owner = container.labels.get(POOL_LABEL, "")
+            owner_host, _, pid = owner.rpartition(":")
+            if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+                _remove_container(container)
+
+    def _create(self, index: int) -> tuple[Any, Any]:
+        cfg = self.cfg
+        api = self.client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.scratch_mb}m,mode=1777"},
+            mem_limit=f"{cfg.container_memory_mb}m",
+            memswap_limit=f"{cfg.container_memory_mb}m",
+            pids_limit=cfg.container_pids,
+            nano_cpus=int(cfg.cpus * 1e9),
+            cap_drop=["ALL"],
+            cap_add=["SETUID", "SETGID"],  # only to drop each session to its own uid
+            security_opt=["no-new-privileges"],
+            auto_remove=True,
+            ipc_mode="private",
+        )
+        created = api.create_container(
+            self.image,
+            command=WORKER_COMMAND,
+            stdin_open=True,
+            detach=False,  # with stdin_open: StdinOnce, so the worker sees EOF (and exits) when the pool detaches
+            tty=False,
+            environment={},
+            user="0",
+            working_dir="/tmp",
+            labels={POOL_LABEL: self.owner, "arenaforge.worker": str(index)},
+            host_config=host_config,
+        )
+        container = self.client.containers.get(created["Id"])
+        sock = api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
+        raw = getattr(sock, "_sock", sock)
+        api.start(container.id)
+        return container, raw
+
+    async def launch(self, index: int) -> Transport:
+        import docker.errors
+
+        try:
+            container, raw = await asyncio.to_thread(self._create, index)
+        except docker.errors.DockerException as err:
+            raise SandboxError(f"cannot start a sandbox container: {err}") from err
+        raw.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
+        return DockerTransport(container, reader, writer, raw)
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await asyncio.to_thread(self.client.close)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,141 @@
+"""`arenaforge envs`: Synthesize verified, executable RL environments (RL track)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from arenaforge.flows.context import state
+from arenaforge.flows.display import console, print_rows
+from arenaforge.schemas.errors import InputError
+
+app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
+
+
+@app.command("synth")
+def synth(
+    ctx: typer.Context,
+    source: list[str] = typer.Option(["sample"], "--source", "-s",
+                                     help="Knowledge source: sample, tau2_retail, astra, or a table file/dir (repeatable)."),
+    n: int = typer.Option(24, "--n", "-n", help="QA instances per source."),
+    min_hops: int = typer.Option(1, help="Hop budget: minimum longest dependency chain."),
+    max_hops: int = typer.Option(3, help="Hop budget: maximum longest dependency chain."),
+    structure: list[str] = typer.Option(None, "--structure",
+                                        help="single_hop, parallel_single_hop, multi_hop, parallel_multi_hop (repeatable)."),
+    mode: str = typer.Option("unconditioned", help="unconditioned or conditioned (on seed questions)."),
+    seed_question: list[str] = typer.Option(None, "--seed-question", help="Seed question for conditioned mode (repeatable)."),
+    keep_rule: str = typer.Option("threshold", help="QA keep rule: threshold or percentile."),
+    threshold: float = typer.Option(0.75, help="Keep QS >= this (threshold rule)."),
+    percentile: float = typer.Option(85.0, help="Keep QS >= this percentile of the batch (percentile rule)."),
+    distractors: str = typer.Option("1,1,1", help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
+    max_attempts: int = typer.Option(2, help="Regenerations of a tool that fails sandbox verification."),
+    merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge functionally equivalent tools."),
+    batch_size: int = typer.Option(400, help="QA instances per environment-building batch."),
+    shared_data: str = typer.Option(None, help="Path of ../shared/data (for tau2_retail and astra)."),
+    seed: int = typer.Option(None, help="Generator seed (default: config seed)."),
+) -> None:
+    """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
+    from arenaforge.flows.envs_flows import EnvsParams, envs
+    from arenaforge.tasks.envs.distractors import DistractorMix
+
+    st = state(ctx)
+    try:
+        mix = DistractorMix.parse(distractors)
+    except (TypeError, ValueError):
+        raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
+    try:
+        params = EnvsParams(
+            sources=source, n=n, min_hops=min_hops, max_hops=max_hops,
+            **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
+            keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
+            distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge,
+            batch_size=batch_size, shared_data=shared_data, seed=seed, config_path=st.config_path,
+            overrides=st.overrides)
+    except ValueError as err:
+        raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
+    counts = envs(params)
+    typer.echo(json.dumps(counts, indent=2))
+
+
+def _load_env(wh: Any, env_id: str) -> Any:
+    from arenaforge.schemas.models import Environment
+
+    env = wh.get(Environment, env_id)
+    if env is None:
+        matches = wh.load(Environment, where="id LIKE ? OR record->>'name' = ?", params=[f"{env_id}%", env_id], limit=2)
+        if len(matches) != 1:
+            raise InputError(f"no environment {env_id!r} (see `arenaforge db show environments`)")
+        env = matches[0]
+    return env
+
+
+@app.command("show")
+def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment id (or a unique prefix, or its name)."),
+         code: bool = typer.Option(True, "--code/--no-code", help="Print the tool code.")) -> None:
+    """Print one environment: tools, code, QA graph, gold calls and verification."""
+    from arenaforge.schemas.models import QAInstance
+
+    wh = state(ctx).warehouse()
+    env = _load_env(wh, env_id)
+    console.rule(f"[bold]{env.name}[/bold]  {env.id}")
+    console.print(f"[bold]question:[/bold] {env.question}")
+    print_rows(["tool", "distractor", "description", "parameters"],
+               [(t.name, t.name in env.distractors, t.description, ", ".join(t.parameters.get("properties", {})))
+                for t in env.tools], title="tools", width=70)
+    qa = wh.get(QAInstance, env.qa_id) if env.qa_id else None
+    if qa is not None:
+        console.print(f"[bold]QA graph[/bold] ({qa.structure}, {qa.hop_level} hops): {qa.main_question} -> {qa.main_answer}")
+        print_rows(["#", "depends on", "question", "answer", "tool", "evidence"],
+                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence)
+                    for s in qa.sub_qas], width=60)
+    print_rows(["sub-QA", "call", "gold answer"],
+               [(c.sub_qa, f"{c.tool}({json.dumps(c.arguments)})", c.answer) for c in env.calls], title="gold calls", width=70)
+    if env.verification is not None:
+        v = env.verification
+        print_rows(["check", "passed"], sorted(v.checks.items()), title=f"verification: {'passed' if v.passed else 'FAILED'}")
+        for line in v.details:
+            console.print(f"  {line}")
+    if code:
+        console.rule("code")
+        console.print(env.code, markup=False, highlight=False)
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    out: str = typer.Option(None, "--out", "-o", help="Output directory (default: <out_dir>/envs)."),
+    fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl (repeatable)."),
+    where: str = typer.Option("", "--where", "-w", help="SQL filter over the environments table."),
+    limit: int = typer.Option(None, help="At most this many environments."),
+    image: str = typer.Option(None, help="Base image for Harbor Dockerfiles (default: the sandbox image)."),
+) -> None:
+    """Export verified environments: verl Parquet, Harbor task dirs, JSON-lines."""
+    from arenaforge.schemas.models import Environment
+    from arenaforge.tasks.envs.export import write_harbor, write_jsonl, write_verl
+
+    st = state(ctx)
+    wh = st.warehouse()
+    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
+    envs = wh.load(Environment, where=cond, limit=limit)
+    if not envs:
+        raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
+    root = Path(out or Path(st.config.out_dir) / "envs")
+    unknown = set(fmt) - {"verl", "harbor", "jsonl"}
+    if unknown:
+        raise InputError(f"unknown export formats {sorted(unknown)}; use verl, harbor, jsonl")
+    written: dict[str, Any] = {"environments": len(envs)}
+    if "verl" in fmt:
+        written["verl"] = str(write_verl(envs, root / "verl.parquet"))
+    if "jsonl" in fmt:
+        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
+    if "harbor" in fmt:
+        if image is None:
+            from arenaforge.environments.runtime import image_ref
+
+            image = image_ref(st.config.sandbox.image)
+        written["harbor"] = str(root / "harbor")
+        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", image=image))
+    typer.echo(json.dumps(written, indent=2))

@@ -1,0 +1,38 @@
+"""`arenaforge rollout`: Run policy rollouts in environments with the F1 reward."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from arenaforge.flows.context import state
+
+app = typer.Typer(help="Run policy rollouts in environments with the F1 reward.", no_args_is_help=True)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
+    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model)."),
+    policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
+    served_model: str = typer.Option(None),
+    samples: int = typer.Option(1, help="Episodes per environment."),
+    env_limit: int = typer.Option(None), split: str = typer.Option("all"),
+    max_turns: int = typer.Option(8), max_length: int = typer.Option(2048), max_tokens_per_turn: int = typer.Option(256),
+    temperature: float = typer.Option(1.0), concurrency: int = typer.Option(32), seed: int = typer.Option(0),
+) -> None:
+    """Roll out a policy on warehouse environments and store the rollouts."""
+    from arenaforge.flows.train_flows import rollout
+    from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, RolloutParams
+
+    st = state(ctx)
+    params = RolloutParams(
+        config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
+        policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
+        envs=EnvSelection(limit=env_limit, split=split),
+        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                              temperature=temperature),
+    )
+    typer.echo(json.dumps(rollout(params), indent=2, default=str))

@@ -1,0 +1,43 @@
+"""`arenaforge sft`: Synthesize tasks and scored multi-turn trajectories (SFT track)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from arenaforge.flows.context import state
+
+app = typer.Typer(help="Synthesize tasks and scored multi-turn trajectories (SFT track).", no_args_is_help=True)
+
+
+@app.command("synth")
+def synth(
+    ctx: typer.Context,
+    server: list[str] = typer.Option(None, "--server", "-s", help="Server (repeatable; default: all)."),
+    seed: int = typer.Option(None, help="Seed of walks, queries and simulators (default: config seed)."),
+    server_only: bool = typer.Option(True, "--server-only/--chains-only", help="Also write server-only tasks."),
+    export: str = typer.Option(None, "--export", help="Export this run's kept trajectories to this folder."),
+) -> None:
+    """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
+    from arenaforge.flows.sft_flows import SftParams, sft
+
+    st = state(ctx)
+    counts = sft(SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
+                           config_path=st.config_path, overrides=st.overrides))
+    typer.echo(json.dumps(counts, indent=2))
+
+
+@app.command("export")
+def export(
+    ctx: typer.Context,
+    out: str = typer.Option(None, "--out", "-o", help="Folder (default: config out_dir)."),
+    run_id: str = typer.Option(None, "--run", help="Only trajectories judged in this run."),
+    min_score: float = typer.Option(None, help="Stricter keep threshold on the judge mean."),
+) -> None:
+    """Write kept trajectories as OpenAI messages + tools (sft.jsonl, sft.parquet) and sft_stats.json."""
+    from arenaforge.tasks.sft.stages import export as export_stage
+
+    st = state(ctx)
+    report = export_stage(st.config, st.warehouse(), out, run_id=run_id, min_score=min_score)
+    typer.echo(json.dumps(report, indent=2))

@@ -1,0 +1,113 @@
+"""`arenaforge train`: Train policies: GRPO and SFT, on one node or via verl."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from arenaforge.flows.context import state
+
+app = typer.Typer(help="Train policies: GRPO and SFT, on one node or via verl.", no_args_is_help=True)
+
+
+def _echo(result: dict[str, Any]) -> None:
+    typer.echo(json.dumps(result, indent=2, default=str))
+
+
+def _common(ctx: typer.Context) -> dict[str, Any]:
+    st = state(ctx)
+    return {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
+
+
+@app.command("build-tiny-model")
+def build_tiny_model_cmd(
+    out: str = typer.Option(..., "--out", help="Directory to write the model and tokenizer to."),
+    layers: int = typer.Option(2, help="Decoder layers."),
+    hidden: int = typer.Option(64, help="Hidden size."),
+    seed: int = typer.Option(0, help="Weight-initialisation seed."),
+) -> None:
+    """A random-weight Qwen3-style model with a tokenizer trained on this project's text (offline)."""
+    from arenaforge.tasks.train.tiny_model import build_tiny_model
+
+    path = build_tiny_model(out, layers=layers, hidden=hidden, seed=seed)
+    _echo({"path": str(path)})
+
+
+@app.command("grpo")
+def grpo_cmd(
+    ctx: typer.Context,
+    engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
+    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model, built on demand)."),
+    policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint, e.g. http://127.0.0.1:8000/v1."),
+    served_model: str = typer.Option(None, help="vllm: served model name."),
+    experiment: str = typer.Option("grpo", help="Experiment name (checkpoint directory; resumes when it exists)."),
+    out_dir: str = typer.Option(None, help="Parent directory of experiments (default: <out_dir>/train)."),
+    steps: int = typer.Option(3, help="Total optimisation steps (a resumed run continues up to this)."),
+    batch_groups: int = typer.Option(2, help="Groups per batch."),
+    group_size: int = typer.Option(4, help="Rollouts per group (G)."),
+    delta: float = typer.Option(0.0, help="Keep groups whose reward std exceeds this."),
+    roc: bool = typer.Option(False, help="Resample-on-Correct (oversample 2G, keep G)."),
+    max_groups_per_step: int = typer.Option(32, help="Stop filling a batch after this many groups."),
+    lr: float = typer.Option(2e-6, help="Learning rate (constant)."),
+    temperature: float = typer.Option(1.0, help="Rollout sampling temperature."),
+    warmstart_steps: int = typer.Option(0, help="First SFT this many steps on the envs' gold-call conversations."),
+    warmstart_lr: float = typer.Option(5e-3, help="Warm-start SFT learning rate."),
+    max_turns: int = typer.Option(4), max_length: int = typer.Option(512), max_tokens_per_turn: int = typer.Option(64),
+    env_limit: int = typer.Option(None, help="Use at most this many environments."),
+    split: str = typer.Option("train", help="Environment split: all, train or eval."),
+    checkpoint_every: int = typer.Option(1, help="Save weights every k steps."),
+    old_logprobs: str = typer.Option("policy", help="policy (on-policy ratio) or engine (vLLM log-probs)."),
+    ray_address: str = typer.Option(None, help="Submit to verl on this Ray cluster instead of training here."),
+    verl_spec_only: bool = typer.Option(False, help="Write the verl job files and stop."),
+    seed: int = typer.Option(0),
+) -> None:
+    """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on warehouse environments."""
+    from arenaforge.flows.train_flows import train_grpo
+    from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, GrpoParams, VerlParams
+
+    params = GrpoParams(
+        **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
+        experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
+        delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, lr=lr, checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
+        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
+        envs=EnvSelection(limit=env_limit, split=split),
+        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                              temperature=temperature),
+        verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
+    )
+    _echo(train_grpo(params))
+
+
+@app.command("warmstart")
+def warmstart_cmd(
+    ctx: typer.Context,
+    out: str = typer.Option(..., "--out", help="Directory to write warmstart.jsonl to."),
+    env_limit: int = typer.Option(None, help="Use at most this many environments."),
+    split: str = typer.Option("train", help="Environment split: all, train or eval."),
+) -> None:
+    """Warm-start SFT data: gold calls replayed in the sandbox, as OpenAI messages+tools JSONL."""
+    from arenaforge.flows.train_flows import warmstart
+    from arenaforge.tasks.train.jobs import EnvSelection, WarmstartParams
+
+    _echo(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split))))
+
+
+@app.command("sft")
+def sft_cmd(
+    ctx: typer.Context,
+    data: str = typer.Option(..., help="SFT export (OpenAI messages+tools JSONL)."),
+    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model)."),
+    experiment: str = typer.Option("sft"), out_dir: str = typer.Option(None),
+    epochs: int = typer.Option(1), max_steps: int = typer.Option(None), batch_size: int = typer.Option(4),
+    lr: float = typer.Option(1e-5), max_length: int = typer.Option(4096),
+    checkpoint_every: int = typer.Option(50, help="Save weights every k steps."),
+) -> None:
+    """Supervised fine-tuning with loss on assistant tokens only."""
+    from arenaforge.flows.train_flows import train_sft
+    from arenaforge.tasks.train.jobs import SftParams
+
+    _echo(train_sft(SftParams(**_common(ctx), data=data, model_path=model_path, experiment=experiment,
+                              out_dir=out_dir, epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr,
+                              max_length=max_length, checkpoint_every=checkpoint_every)))

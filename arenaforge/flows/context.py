@@ -1,0 +1,36 @@
+"""Shared CLI state: the loaded config, the warehouse, and one-line error reporting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import typer
+
+from arenaforge.schemas.config import Config, load_config
+from arenaforge.warehouse import Warehouse
+
+
+@dataclass
+class CliState:
+    config_path: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    _config: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path, overrides=self.overrides)
+        return self._config
+
+    def warehouse(self) -> Warehouse:
+        cfg = self.config.warehouse
+        return Warehouse(cfg.path, lock_timeout_s=cfg.lock_timeout_s)
+
+
+def state(ctx: typer.Context) -> CliState:
+    """The CliState of the root command (set up by arenaforge.flows.cli's callback)."""
+    root = ctx.find_root()
+    if not isinstance(root.obj, CliState):
+        root.obj = CliState()
+    return root.obj

@@ -1,0 +1,206 @@
+"""Typed configuration and its loader.
+
+Precedence, lowest to highest (later wins, field by field):
+  1. built-in defaults (the field defaults below)
+  2. `arenaforge.toml` in the working directory, or the file named by `--config` / `ARENAFORGE_CONFIG`
+  3. environment variables `ARENAFORGE_<SECTION>__<FIELD>` (e.g. `ARENAFORGE_MODEL__BASE_URL`);
+     `ARENAFORGE_DB` is a short form of `ARENAFORGE_WAREHOUSE__PATH`, and `OPENAI_API_KEY`
+     fills `model.api_key` when nothing else does
+  4. command-line flags (passed to `load_config(overrides=...)` as dotted keys)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from arenaforge.schemas.errors import ConfigError
+
+ENV_PREFIX = "ARENAFORGE_"
+DEFAULT_CONFIG_FILE = "arenaforge.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WarehouseConfig(_Section):
+    path: str = Field(default="./arenaforge.duckdb", description="DuckDB file holding every artifact.")
+    lock_timeout_s: float = Field(default=120.0, gt=0, description="How long a writer waits for another process's lock.")
+
+
+class ModelConfig(_Section):
+    backend: Literal["offline", "openai"] = Field(default="offline", description="offline needs no endpoint.")
+    base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+    model: str = Field(default="offline", description="Model name sent to the endpoint.")
+    api_key: str | None = Field(default=None, description="Key for the endpoint (vLLM accepts any).")
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=5, ge=0, description="Retries on timeout, connection error, 429 and 5xx.")
+    backoff_base_s: float = Field(default=0.5, gt=0, description="First backoff; doubles per retry, with full jitter.")
+    backoff_max_s: float = Field(default=20.0, gt=0)
+    max_reasks: int = Field(default=2, ge=0, description="Re-asks when the answer breaks the step's JSON Schema.")
+    concurrency_initial: int = Field(default=16, ge=1)
+    concurrency_max: int = Field(default=128, ge=1)
+    temperature: float = Field(default=0.7, ge=0)
+    max_tokens: int = Field(default=2048, ge=1)
+    seed: int = Field(default=0)
+    cache: bool = Field(default=True, description="Cache every response in the warehouse.")
+
+
+class SandboxConfig(_Section):
+    backend: Literal["auto", "docker", "process"] = Field(default="auto", description="auto: docker if an engine answers.")
+    image: str = Field(default="arenaforge-sandbox", description="Base image name (tag is the recipe hash).")
+    pool_size: int = Field(default=4, ge=1, description="Warm worker containers.")
+    max_concurrency: int = Field(default=256, ge=1)
+    call_timeout_s: float = Field(default=5.0, gt=0)
+    session_timeout_s: float = Field(default=600.0, gt=0)
+    memory_mb: int = Field(default=512, ge=32)
+    pids: int = Field(default=64, ge=8)
+    cpus: float = Field(default=1.0, gt=0)
+    output_limit_bytes: int = Field(default=65536, ge=256, description="Output kept per call; the rest is cut with a marker.")
+    session_cpu_s: int = Field(default=60, ge=1, description="CPU seconds one session's process may use in total.")
+    open_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit for loading an environment's code.")
+    scratch_mb: int = Field(default=64, ge=1, description="tmpfs /tmp of a worker container, shared by its sessions' scratch dirs.")
+    container_memory_mb: int = Field(default=4096, ge=64, description="Memory cap of one worker container (all its sessions).")
+    container_pids: int = Field(default=4096, ge=16, description="Process cap of one worker container (all its sessions).")
+
+
+class PrefectConfig(_Section):
+    api_url: str | None = Field(default=None, description="Connect to this Prefect API instead of starting one.")
+    database_url: str | None = Field(default=None, description="Postgres URL for the server (SQLite when unset).")
+    port: int = Field(default=4200, ge=1, le=65535)
+    work_pool: str = Field(default="arenaforge", description="Process work pool name.")
+    home: str = Field(default="./.arenaforge/prefect", description="PREFECT_HOME of the server `arenaforge serve` starts.")
+    worker_limit: int = Field(default=4, ge=1, description="Flow runs the worker executes at once.")
+    model_endpoint_limit: int = Field(default=16, ge=1, description="Slots of the `model-endpoint` concurrency limit.")
+    sandbox_limit: int = Field(default=8, ge=1, description="Slots of the `sandbox` concurrency limit.")
+    schedules: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="deployment name -> {cron = '...'} or {interval_s = N}, optional timezone, active, parameters.",
+    )
+
+
+class SftConfig(_Section):
+    """SFT track (ingest, graph, tasks, trajectories, judge); thresholds are explicit here."""
+
+    min_tools_per_server: int = Field(default=1, ge=1, description="Servers with fewer usable tools are rejected.")
+    max_tools_per_server: int = Field(default=128, ge=1, description="Tools beyond this (by name) are rejected.")
+    min_description_chars: int = Field(default=8, ge=0, description="Shorter tool descriptions are rejected.")
+    mcp_timeout_s: float = Field(default=30.0, gt=0, description="Start/list deadline for a live MCP server.")
+    mcp_call_timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one live MCP tool call.")
+    use_embeddings: bool = Field(default=True, description="Graph: also match outputs to parameters by MiniLM similarity.")
+    embedding_threshold: float = Field(default=0.65, ge=0, le=1, description="Cosine similarity that counts as a match.")
+    chain_min_len: int = Field(default=1, ge=1)
+    chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
+    chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
+    verify_votes: int = Field(default=3, ge=1, description="openai: judges voting on each chain (majority wins).")
+    augmentations: list[str] = Field(
+        default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
+    )
+    server_only_per_server: int = Field(default=1, ge=0, description="Server-only tasks per server and run.")
+    min_clarity: float = Field(default=0.6, ge=0, le=1)
+    min_realism: float = Field(default=0.5, ge=0, le=1)
+    min_tool_necessity: float = Field(default=0.5, ge=0, le=1)
+    fault_rate: float = Field(default=0.2, ge=0, le=1, description="Simulator fault-injection rate (paper: 20%).")
+    max_turns: int = Field(default=12, ge=1, description="Agent turns per trajectory.")
+    max_retries_per_call: int = Field(default=2, ge=0, description="Offline agent: retries after a failed call.")
+    keep_threshold: float = Field(default=0.7, ge=0, le=1, description="Mean judge score a trajectory needs for SFT.")
+
+
+class TrainConfig(_Section):
+    """RL/SFT training; per-run knobs are flow parameters, these are deployment-wide."""
+
+    ray_address: str | None = Field(
+        default=None, description="Ray cluster (e.g. http://head:8265): train-grpo submits a verl job there."
+    )
+
+
+class Config(_Section):
+    warehouse: WarehouseConfig = WarehouseConfig()
+    model: ModelConfig = ModelConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    prefect: PrefectConfig = PrefectConfig()
+    sft: SftConfig = SftConfig()
+    train: TrainConfig = TrainConfig()
+    out_dir: str = Field(default="./out", description="Where exports and plots are written.")
+    seed: int = Field(default=0, description="Seed for every deterministic generator.")
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def _parse_env_value(raw: str) -> Any:
+    # JSON where it parses (numbers, booleans, lists), the plain string otherwise.
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    if environ.get("ARENAFORGE_DB"):
+        _set_dotted(tree, "warehouse.path", environ["ARENAFORGE_DB"])
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        dotted = key[len(ENV_PREFIX) :].lower().replace("__", ".")
+        _set_dotted(tree, dotted, _parse_env_value(raw))
+    return tree
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: malformed TOML: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config: {err.strerror}") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Defaults < TOML file < environment < overrides (dotted keys)."""
+    environ = dict(os.environ if environ is None else environ)
+    explicit = path or environ.get("ARENAFORGE_CONFIG")
+    file = Path(explicit) if explicit else Path(DEFAULT_CONFIG_FILE)
+    if explicit and not file.exists():
+        raise ConfigError(f"config file {file} does not exist")
+    tree = _read_toml(file) if file.exists() else {}
+    tree = _merge(tree, _env_overrides(environ))
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(tree, dotted, value)
+    if not tree.get("model", {}).get("api_key") and environ.get("OPENAI_API_KEY"):
+        _set_dotted(tree, "model.api_key", environ["OPENAI_API_KEY"])
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"config {where}: {first['msg']} (source: {file if file.exists() else 'environment/flags'})") from None

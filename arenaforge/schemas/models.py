@@ -1,0 +1,387 @@
+"""Typed mirrors of the JSON Schema contracts in `arenaforge/schemas/json/`.
+
+One `Record` subclass per record kind. The JSON files are generated from these classes
+(`python -m arenaforge.schemas.generate`) and a test fails if the two drift apart, so outside readers
+(trainers, exports) can rely on the files while code uses the classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, field_validator
+
+from arenaforge.schemas.base import Frozen, Provenance, Record
+
+JsonSchema = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- OpenAI wire shapes
+class FunctionDoc(Frozen):
+    """An OpenAI function definition: what the model sees of a tool."""
+
+    name: str = Field(description="Function name, [A-Za-z0-9_.-], at most 64 characters.", pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str = Field(default="", description="What the tool does, in natural language.")
+    parameters: JsonSchema = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="JSON Schema (type object) of the arguments.",
+    )
+
+    def as_openai_tool(self) -> dict[str, Any]:
+        return {"type": "function", "function": self.model_dump(mode="json")}
+
+
+class FunctionCall(Frozen):
+    name: str = Field(description="Name of the called function.")
+    arguments: str = Field(description="Arguments as a JSON-encoded string, as OpenAI sends them.")
+
+
+class ToolCall(Frozen):
+    id: str = Field(description="Call id, echoed by the tool message that answers it.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Frozen):
+    """One OpenAI chat message, possibly carrying tool calls or a tool result."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = Field(default=None, description="Text content; null for a pure tool-calling turn.")
+    tool_calls: list[ToolCall] | None = Field(default=None, description="Calls made by an assistant turn.")
+    tool_call_id: str | None = Field(default=None, description="For role=tool: the call this message answers.")
+    name: str | None = Field(default=None, description="For role=tool: the tool's name.")
+
+
+class Usage(Frozen):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+# --------------------------------------------------------------------------- SFT track
+class Tool(Record):
+    """A normalised tool document (OpenAI function schema) belonging to one server."""
+
+    KIND = "tool"
+    ID_PREFIX = "tool"
+    TABLE = "tools"
+
+    server: str = Field(description="Name of the server (service) the tool belongs to.")
+    function: FunctionDoc
+    returns: JsonSchema | None = Field(default=None, description="JSON Schema of the tool's output, when known.")
+    source: str = Field(description="Where the document came from: openai, astra, bfcl, acebench, stabletoolbench, mcp.")
+    source_ref: str | None = Field(default=None, description="File and record (or MCP command) it was read from.")
+    code: str | None = Field(default=None, description="Python source implementing the tool, when it has code.")
+
+
+class Server(Record):
+    """A group of tools offered by one service (an MCP server, a RapidAPI tool, a BFCL record)."""
+
+    KIND = "server"
+    ID_PREFIX = "srv"
+    TABLE = "servers"
+
+    name: str = Field(description="Unique server name.")
+    title: str = Field(default="", description="Human title.")
+    description: str = Field(default="", description="What the service offers.")
+    domain: str = Field(default="general", description="Domain label, e.g. finance, travel.")
+    source: str = Field(description="Source kind, as for Tool.source.")
+    tool_names: list[str] = Field(description="Names of the server's tools, sorted.")
+    launch: list[str] | None = Field(default=None, description="Command that starts the live MCP server over stdio.")
+
+
+class ToolChain(Record):
+    """A sampled sequence of legal consecutive tool calls on one server."""
+
+    KIND = "tool_chain"
+    ID_PREFIX = "chain"
+    TABLE = "tool_chains"
+
+    server: str
+    tools: list[str] = Field(min_length=1, description="Tool names in call order.")
+    verified: bool = Field(description="Whether the chain passed verification.")
+    reasons: list[str] = Field(default_factory=list, description="Why verification failed, if it did.")
+
+
+class Task(Record):
+    """A synthesized user query (an SFT 'task'), with its quality scores."""
+
+    KIND = "task"
+    ID_PREFIX = "task"
+    TABLE = "tasks"
+
+    server: str
+    chain_id: str | None = Field(default=None, description="The chain it was conditioned on (chain mode).")
+    mode: Literal["chain", "server"]
+    query: str = Field(min_length=1)
+    persona: str | None = None
+    augmentation: Literal["none", "diversity", "complexity", "persona"] = "none"
+    scores: dict[str, float] = Field(default_factory=dict, description="clarity, realism, tool_necessity in 0..1.")
+    accepted: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
+class Trajectory(Record):
+    """A multi-turn agent conversation in OpenAI tool-calling form."""
+
+    KIND = "trajectory"
+    ID_PREFIX = "traj"
+    TABLE = "trajectories"
+
+    task_id: str
+    server: str
+    messages: list[ChatMessage] = Field(min_length=2)
+    tools: list[FunctionDoc]
+    executor: Literal["mcp", "sandbox", "simulator", "mixed"] = "simulator"
+    fault_rate: float = Field(default=0.0, ge=0, le=1, description="Configured fault-injection rate.")
+    faults_injected: int = Field(default=0, ge=0)
+    tool_calls: int = Field(default=0, ge=0)
+    final_answer: str | None = None
+
+
+class JudgeScore(Record):
+    """Seven-dimension trajectory score (ASTRA §1a.5), each in 0..1."""
+
+    KIND = "judge_score"
+    ID_PREFIX = "score"
+    TABLE = "judge_scores"
+
+    trajectory_id: str
+    judge: Literal["rules", "model"]
+    query_understanding: float = Field(ge=0, le=1)
+    planning: float = Field(ge=0, le=1)
+    tool_response_understanding: float = Field(ge=0, le=1)
+    context_conditioned_planning: float = Field(ge=0, le=1)
+    tool_call_status: float = Field(ge=0, le=1)
+    tool_conciseness: float = Field(ge=0, le=1)
+    final_answer_quality: float = Field(ge=0, le=1)
+    mean: float = Field(ge=0, le=1)
+    keep: bool
+    rationale: str | None = None
+
+    DIMENSIONS: ClassVar[tuple[str, ...]] = (
+        "query_understanding",
+        "planning",
+        "tool_response_understanding",
+        "context_conditioned_planning",
+        "tool_call_status",
+        "tool_conciseness",
+        "final_answer_quality",
+    )
+
+
+# --------------------------------------------------------------------------- RL track
+class SubQA(Frozen):
+    index: int = Field(ge=1, description="1-based index; 0 is reserved for the main question.")
+    question: str
+    answer: str
+    depends_on: list[int] = Field(default_factory=list, description="Indices of sub-QAs whose answers this one needs.")
+    needs_tool: bool = True
+    evidence: str | None = Field(default=None, description="How the answer was derived (e.g. the SQL over the source).")
+
+
+class QAInstance(Record):
+    """A main question decomposed into a DAG of sub-QAs (ASTRA §1b.1)."""
+
+    KIND = "qa_instance"
+    ID_PREFIX = "qa"
+    TABLE = "qa_instances"
+
+    source: str = Field(description="Knowledge source name.")
+    main_question: str
+    main_answer: str
+    sub_qas: list[SubQA] = Field(min_length=1)
+    hop_level: int = Field(ge=1, description="Length of the longest dependency path.")
+    parallel: bool = Field(description="Whether some sub-QAs are independent of each other.")
+    structure: Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"]
+    mode: Literal["conditioned", "unconditioned"] = "unconditioned"
+    seed_question: str | None = None
+
+
+class GoldCall(Frozen):
+    """A call statement that must reproduce a gold sub-answer."""
+
+    tool: str
+    arguments: dict[str, Any]
+    sub_qa: int | None = Field(default=None, description="Index of the sub-QA this call answers.")
+    answer: str | None = Field(default=None, description="Gold answer the call must return (normalised match).")
+
+
+class Verification(Frozen):
+    passed: bool
+    checks: dict[str, bool] = Field(default_factory=dict)
+    details: list[str] = Field(default_factory=list)
+
+
+class Environment(Record):
+    """An executable tool environment: docs, code, state, gold calls and verification."""
+
+    KIND = "environment"
+    ID_PREFIX = "env"
+    TABLE = "environments"
+
+    name: str
+    qa_id: str | None = Field(default=None, description="QA instance the environment serves.")
+    tools: list[FunctionDoc] = Field(min_length=1, description="Every tool the agent sees, distractors included.")
+    code: str = Field(description="Python source (standard library only) implementing the tools.")
+    style: Literal["functions", "class"] = Field(
+        default="functions", description="functions: module-level functions; class: public methods of `class_name`."
+    )
+    class_name: str | None = None
+    data_var: str | None = Field(
+        default=None, description="functions style: module global that initial_state is bound to (e.g. DATA)."
+    )
+    initial_state: dict[str, Any] | None = Field(default=None, description="JSON state loaded into a fresh session.")
+    calls: list[GoldCall] = Field(default_factory=list)
+    gold_answers: list[str] = Field(default_factory=list)
+    distractors: list[str] = Field(default_factory=list, description="Names of tools in `tools` that are distractors.")
+    question: str | None = Field(default=None, description="The task prompt the agent is given.")
+    verification: Verification | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[FunctionDoc]) -> list[FunctionDoc]:
+        names = [t.name for t in tools]
+        if len(names) != len(set(names)):
+            raise ValueError(f"duplicate tool names: {sorted({n for n in names if names.count(n) > 1})}")
+        return tools
+
+
+class RewardBreakdown(Frozen):
+    """F1 trajectory reward with its components (METHOD.md §1c)."""
+
+    recall: float = Field(ge=0, le=1)
+    precision: float = Field(ge=0)
+    f1: float = Field(ge=0, le=1)
+    solved: int = Field(ge=0, description="n̂: sub-tasks solved, each counted once.")
+    subtasks: int = Field(ge=0, description="n: sub-tasks in the task.")
+    calls: int = Field(ge=0, description="c: every call issued, malformed ones included.")
+
+
+class Rollout(Record):
+    """One policy episode in an environment, with its reward."""
+
+    KIND = "rollout"
+    ID_PREFIX = "roll"
+    TABLE = "rollouts"
+
+    env_id: str
+    engine: str = Field(description="Policy engine: hf, vllm, scripted, openai.")
+    policy: str = Field(description="Model or checkpoint id.")
+    group: str | None = Field(default=None, description="GRPO group id (same prompt).")
+    sample: int = Field(default=0, ge=0)
+    messages: list[ChatMessage] = Field(default_factory=list)
+    prompt_ids: list[int] = Field(default_factory=list)
+    response_ids: list[int] = Field(default_factory=list)
+    response_mask: list[int] = Field(default_factory=list, description="1 on model tokens, 0 on tool tokens.")
+    logprobs: list[float] = Field(default_factory=list)
+    reward: RewardBreakdown
+    status: Literal["finished", "max_turns", "max_length", "env_failure"]
+    failure_reason: str | None = None
+    tool_errors: int = Field(default=0, ge=0)
+    format_errors: int = Field(default=0, ge=0)
+
+
+ToolOutcome = Literal["ok", "no_output", "error", "timeout", "limit"]
+
+
+class ToolObservation(Frozen):
+    """What one tool call returned, as the agent sees it (rStar2-Agent's four outcomes plus limit hits)."""
+
+    outcome: ToolOutcome = Field(
+        description="ok: output; no_output: ran, printed/returned nothing; error: raised (traceback in error); "
+        "timeout: exceeded its wall-clock limit; limit: hit a memory/pids/output limit or killed its worker."
+    )
+    output: str = Field(default="", description="Returned value rendered as text (JSON for structured values).")
+    error: str | None = Field(default=None, description="Exception type, message and traceback, or the limit hit.")
+    truncated: bool = Field(default=False, description="Output was cut at the output limit (marked in the text).")
+    duration_s: float = Field(default=0.0, ge=0)
+
+    def text(self) -> str:
+        """The observation text appended to the conversation."""
+        if self.outcome == "ok":
+            return self.output
+        if self.outcome == "no_output":
+            return "(no output)"
+        if self.outcome == "timeout":
+            return f"Timeout: {self.error or 'the call exceeded its time limit'}"
+        return f"Error: {self.error or 'unknown error'}"
+
+
+class Run(Record):
+    """One execution of a flow."""
+
+    KIND = "run"
+    ID_PREFIX = "run"
+    TABLE = "runs"
+
+    flow: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    started_at: str = Field(description="ISO-8601 UTC start time (part of the id).")
+    status: Literal["running", "completed", "failed", "crashed"] = "running"
+    finished_at: str | None = None
+    counts: dict[str, int] = Field(default_factory=dict)
+    error: str | None = None
+
+    def compute_id(self) -> str:  # status/finish change over a run's life; identity doesn't
+        from arenaforge.schemas.ids import content_id
+
+        return content_id(self.ID_PREFIX, {"flow": self.flow, "params": self.params, "started_at": self.started_at})
+
+
+class Rejection(Record):
+    """A record a stage refused, kept with its reason (never silently dropped)."""
+
+    KIND = "rejection"
+    ID_PREFIX = "rej"
+    TABLE = "rejections"
+
+    stage: str = Field(description="Stage that rejected it, e.g. ingest, verify_qa, sandbox_verify.")
+    subject: str = Field(description="Id or name of the rejected thing.")
+    reason: str = Field(description="Short machine-readable reason code.")
+    detail: str = Field(default="", description="Human-readable explanation.")
+    payload: Any = Field(default=None, description="The rejected content, as JSON.")
+    environment_failure: bool = Field(default=False, description="True when the environment, not the data, failed.")
+
+
+RECORD_TYPES: tuple[type[Record], ...] = (
+    Tool,
+    Server,
+    ToolChain,
+    Task,
+    Trajectory,
+    JudgeScore,
+    QAInstance,
+    Environment,
+    Rollout,
+    Run,
+    Rejection,
+)
+
+__all__ = [
+    "ChatMessage",
+    "Environment",
+    "FunctionCall",
+    "FunctionDoc",
+    "GoldCall",
+    "JudgeScore",
+    "Provenance",
+    "QAInstance",
+    "RECORD_TYPES",
+    "Record",
+    "Rejection",
+    "RewardBreakdown",
+    "Rollout",
+    "Run",
+    "Server",
+    "SubQA",
+    "Task",
+    "Tool",
+    "ToolCall",
+    "ToolChain",
+    "ToolObservation",
+    "ToolOutcome",
+    "Trajectory",
+    "Usage",
+    "Verification",
+]

@@ -1,0 +1,17 @@
+"""Policy engines: token ids in, token ids + log-probs out.
+
+One small protocol (`PolicyEngine.generate`) with interchangeable implementations, picked
+once by `ENGINES[name]`:
+
+    vllm        HTTP to a `vllm serve` server (`/v1/completions`, token-id prompts)   vllm_http.py
+    vllm-local  in-process `vllm.LLM`, when vllm imports                             vllm_local.py
+    hf          transformers `generate` on CPU/GPU                                    hf.py
+    scripted    deterministic text from a function of the prompt, for tests          scripted.py
+
+Engines never see chat messages: the rollout owns the template and the token stream, so what
+the trainer scores is exactly what the engine sampled (token-in/token-out, METHOD.md §4).
+"""
+
+from arenaforge.tasks.policy.base import ENGINES, Generation, PolicyEngine, SamplingParams, build_engine
+
+__all__ = ["ENGINES", "Generation", "PolicyEngine", "SamplingParams", "build_engine"]

@@ -1,0 +1,320 @@
+"""Multi-turn RL rollouts over sandbox sessions, token-in/token-out, with the F1 reward.
+
+What this module owns: the episode loop (generate -> parse hermes `<tool_call>` blocks ->
+run them in the episode's sandbox session -> append `<tool_response>` tokens -> repeat), the
+token bookkeeping the trainer relies on, and running many episodes concurrently.
+What it leaves to others: sampling (`arenaforge.tasks.policy` engines), tool execution and isolation
+(`arenaforge.environments.runtime` pools, reached only through the `SandboxPool` protocol below), and
+the reward definition (`arenaforge.environments.reward.f1_reward`).
+
+Token discipline (METHOD.md §4, GLM-5/slime): the prompt is templated once; after that the
+engine's exact ids are kept, and each turn's observations are rendered and tokenized once
+and appended. History is never re-tokenized, so `prompt_ids + response_ids` is exactly the
+sequence the engine conditioned on. `response_mask` is 1 on engine tokens, 0 on observation
+tokens; `logprobs` are the engine's (0.0 on observation tokens).
+
+Episode end: a turn with no tool call is the final answer (`finished`); `max_turns` turns
+(`max_turns`); the response budget is spent or a turn was cut by its token limit
+(`max_length`). A malformed call (bad JSON, no name, unknown tool) gets an error observation
+and counts as a call (c in the F1 reward) and a format error. A `SandboxError` — the sandbox,
+not the tool, failed — ends the episode as `env_failure`, which training excludes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from arenaforge.environments.reward import f1_reward
+from arenaforge.schemas.errors import SandboxError
+from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall, ToolObservation
+from arenaforge.tasks.policy.base import PolicyEngine, SamplingParams
+
+IM_END = "<|im_end|>"
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN = "<tool_call>"
+FAILED_OUTCOMES = ("error", "timeout", "limit")
+GROUP_SEED_STRIDE = 1_000_000  # stream_groups: group k samples with seed + k * stride (keeps seed // 1000 % 2)
+DEFAULT_SYSTEM = (
+    "You are a careful assistant with tools. Call tools to find every fact the question needs, "
+    "then answer briefly without calling a tool."
+)
+
+
+class SandboxPool(Protocol):
+    """The slice of `arenaforge.environments.runtime`'s pool that rollouts use."""
+
+    async def open(self, env: Environment) -> Any: ...
+
+    async def call(self, session: Any, tool_name: str, args: dict[str, Any]) -> ToolObservation: ...
+
+    async def close(self, session: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 8
+    max_length: int = 2048  # response tokens (model + observations), the paper's "max length"
+    max_tokens_per_turn: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    system_prompt: str | None = DEFAULT_SYSTEM
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str | None
+    arguments: dict[str, Any]
+    error: str | None = None  # set for a malformed call
+
+
+@dataclass
+class Episode:
+    """A finished rollout plus its timing split (generation vs tool execution)."""
+
+    rollout: Rollout
+    generate_s: float = 0.0
+    tool_s: float = 0.0
+    turns: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def parse_tool_calls(text: str, tool_names: Sequence[str]) -> list[ParsedCall]:
+    """Hermes-style calls in one assistant turn; malformed ones carry an error."""
+    calls: list[ParsedCall] = []
+    for body in _CALL.findall(text):
+        calls.append(_parse_one(body, tool_names))
+    tail = text.rsplit("</tool_call>", 1)[-1]
+    if _OPEN in tail:
+        calls.append(ParsedCall(None, {}, "unterminated <tool_call> block"))
+    return calls
+
+
+def _parse_one(body: str, tool_names: Sequence[str]) -> ParsedCall:
+    try:
+        payload = json.loads(body.strip())
+    except json.JSONDecodeError as err:
+        return ParsedCall(None, {}, f"tool call is not valid JSON: {err.msg}")
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return ParsedCall(None, {}, 'tool call must be {"name": ..., "arguments": {...}}')
+    name, args = payload["name"], payload.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return ParsedCall(name, {}, "arguments are not a JSON object")
+    if not isinstance(args, dict):
+        return ParsedCall(name, {}, "arguments are not a JSON object")
+    if name not in tool_names:
+        return ParsedCall(name, args, f"unknown tool {name!r}; available: {', '.join(tool_names)}")
+    return ParsedCall(name, args)
+
+
+def render_observations(texts: Sequence[str]) -> str:
+    """The tokens that follow an assistant turn's end token, up to the next generation prompt.
+
+    Mirrors the chat template: a user turn holding one `<tool_response>` block per call.
+    """
+    blocks = "".join(f"\n<tool_response>\n{t}\n</tool_response>" for t in texts)
+    return f"\n<|im_start|>user{blocks}{IM_END}\n<|im_start|>assistant\n"
+
+
+def initial_messages(env: Environment, system_prompt: str | None) -> list[ChatMessage]:
+    question = env.question or "Answer the question using the tools."
+    head = [ChatMessage(role="system", content=system_prompt)] if system_prompt else []
+    return [*head, ChatMessage(role="user", content=question)]
+
+
+def prompt_token_ids(tokenizer: Any, env: Environment, messages: Sequence[ChatMessage]) -> list[int]:
+    tools = [t.as_openai_tool() for t in env.tools]
+    rendered = tokenizer.apply_chat_template(
+        [m.model_dump(exclude_none=True) for m in messages], tools=tools, add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer.encode(rendered, add_special_tokens=False)
+
+
+async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, env: Environment,
+                      cfg: RolloutConfig, *, group: str | None = None, sample: int = 0) -> Episode:
+    """One episode of `env` under `engine`; never raises for sandbox failures (status env_failure)."""
+    tool_names = [t.name for t in env.tools]
+    messages = initial_messages(env, cfg.system_prompt)
+    prompt_ids = prompt_token_ids(tokenizer, env, messages)
+    response_ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    received: list[str] = []
+    calls = tool_errors = format_errors = turns = 0
+    gen_s = tool_s = 0.0
+    status, failure = "max_turns", None
+    stop_id = tokenizer.convert_tokens_to_ids(IM_END)
+
+    try:
+        session = await pool.open(env)
+    except SandboxError as err:
+        return _episode(env, engine, group, sample, messages, prompt_ids, [], [], [], received, 0, 0, 0,
+                        "env_failure", f"open: {err}", 0.0, 0.0, 0)
+    try:
+        for turn in range(cfg.max_turns):
+            budget = cfg.max_length - len(response_ids)
+            if budget <= 0:
+                status = "max_length"
+                break
+            params = SamplingParams(
+                max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
+                stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turn,
+            )
+            started = time.perf_counter()
+            gen = await engine.generate(prompt_ids + response_ids, params)
+            gen_s += time.perf_counter() - started
+            turns += 1
+            response_ids += gen.token_ids
+            mask += [1] * len(gen.token_ids)
+            logprobs += gen.logprobs
+            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            if text.endswith(IM_END):
+                text = text[: -len(IM_END)]
+            parsed = parse_tool_calls(text, tool_names)
+            messages.append(_assistant_message(text, parsed, turn))
+            if gen.finish_reason == "length":
+                status = "max_length"
+                break
+            if not parsed:
+                status = "finished"
+                break
+            observations: list[str] = []
+            started = time.perf_counter()
+            for index, call in enumerate(parsed):
+                calls += 1
+                if call.error is not None:
+                    format_errors += 1
+                    observation = f"Error: {call.error}"
+                else:
+                    result = await pool.call(session, call.name or "", call.arguments)
+                    if result.outcome in FAILED_OUTCOMES:
+                        tool_errors += 1
+                    observation = result.text()
+                    received.append(observation)
+                observations.append(observation)
+                messages.append(ChatMessage(role="tool", content=observation, tool_call_id=f"call_{turn}_{index}",
+                                            name=call.name))
+            tool_s += time.perf_counter() - started
+            obs_ids = tokenizer.encode(render_observations(observations), add_special_tokens=False)
+            if len(response_ids) + len(obs_ids) >= cfg.max_length:
+                status = "max_length"
+                break
+            response_ids += obs_ids
+            mask += [0] * len(obs_ids)
+            logprobs += [0.0] * len(obs_ids)
+    except SandboxError as err:
+        status, failure = "env_failure", f"call: {err}"
+    finally:
+        try:
+            await pool.close(session)
+        except SandboxError as err:  # a failed close loses nothing the episode produced
+            failure = failure or f"close: {err}"
+    return _episode(env, engine, group, sample, messages, prompt_ids, response_ids, mask, logprobs, received,
+                    calls, tool_errors, format_errors, status, failure, gen_s, tool_s, turns)
+
+
+def _assistant_message(text: str, parsed: Sequence[ParsedCall], turn: int) -> ChatMessage:
+    good = [c for c in parsed if c.error is None]
+    content = text
+    if good and all(c.error is None for c in parsed):
+        content = _CALL.sub("", text).strip()
+    tool_calls = [
+        ToolCall(id=f"call_{turn}_{i}", function=FunctionCall(name=c.name or "", arguments=json.dumps(c.arguments)))
+        for i, c in enumerate(parsed) if c.error is None
+    ]
+    return ChatMessage(role="assistant", content=content or None, tool_calls=tool_calls or None)
+
+
+def _episode(env: Environment, engine: PolicyEngine, group: str | None, sample: int, messages: list[ChatMessage],
+             prompt_ids: list[int], response_ids: list[int], mask: list[int], logprobs: list[float],
+             received: list[str], calls: int, tool_errors: int, format_errors: int, status: str,
+             failure: str | None, gen_s: float, tool_s: float, turns: int) -> Episode:
+    reward = f1_reward(env.gold_answers, received, calls)
+    rollout = Rollout(
+        env_id=env.id, engine=engine.name, policy=engine.policy, group=group, sample=sample, messages=messages,
+        prompt_ids=prompt_ids, response_ids=response_ids, response_mask=mask, logprobs=logprobs, reward=reward,
+        status=status, failure_reason=failure, tool_errors=tool_errors, format_errors=format_errors,
+        parents=[env.id],
+    )
+    return Episode(rollout=rollout, generate_s=gen_s, tool_s=tool_s, turns=turns)
+
+
+async def run_group(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, env: Environment, cfg: RolloutConfig,
+                    size: int, group: str, limiter: asyncio.Semaphore | None = None) -> list[Episode]:
+    """`size` concurrent episodes of one environment (a GRPO group)."""
+
+    async def one(sample: int) -> Episode:
+        if limiter is None:
+            return await run_episode(engine, tokenizer, pool, env, cfg, group=group, sample=sample)
+        async with limiter:
+            return await run_episode(engine, tokenizer, pool, env, cfg, group=group, sample=sample)
+
+    return list(await asyncio.gather(*(one(i) for i in range(size))))
+
+
+async def stream_groups(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
+                        cfg: RolloutConfig, group_size: int, *, concurrency: int = 64, start: int = 0,
+                        in_flight_groups: int = 8) -> AsyncIterator[list[Episode]]:
+    """Groups in completion order, cycling through `envs` forever from index `start`.
+
+    Up to `in_flight_groups` groups run at once (episodes capped by `concurrency`), so while
+    one episode waits on a tool call others are generating. The caller stops by breaking out.
+    With a seed, group k samples with `seed + k * GROUP_SEED_STRIDE`: repeated groups of one
+    environment draw new samples instead of replaying the same ones.
+    """
+    if not envs:
+        return
+    limiter = asyncio.Semaphore(concurrency)
+    pending: set[asyncio.Task[list[Episode]]] = set()
+    counter = start
+
+    def launch() -> None:
+        nonlocal counter
+        env = envs[counter % len(envs)]
+        group_cfg = cfg if cfg.seed is None else replace(cfg, seed=cfg.seed + GROUP_SEED_STRIDE * counter)
+        pending.add(asyncio.create_task(
+            run_group(engine, tokenizer, pool, env, group_cfg, group_size, f"{env.id}:{counter}", limiter)))
+        counter += 1
+
+    try:
+        for _ in range(in_flight_groups):
+            launch()
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                pending.discard(task)
+                launch()
+                yield task.result()
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_rollouts(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
+                       cfg: RolloutConfig, samples: int = 1, concurrency: int = 64) -> list[Episode]:
+    """`samples` episodes per environment, all concurrent (bounded), in input order."""
+    limiter = asyncio.Semaphore(concurrency)
+    groups = await asyncio.gather(*(
+        run_group(engine, tokenizer, pool, env, cfg, samples, f"{env.id}:{i}", limiter) for i, env in enumerate(envs)
+    ))
+    return [ep for group in groups for ep in group]
+
+
+def env_failure_rejections(rollouts: Sequence[Rollout], stage: str = "rollout") -> list[Rejection]:
+    """One `Rejection` (environment_failure=True) per env-failed rollout, so the ledger shows them."""
+    return [
+        Rejection(stage=stage, subject=r.id, reason="env_failure", detail=r.failure_reason or "",
+                  environment_failure=True, parents=[r.id, r.env_id], run_id=r.run_id)
+        for r in rollouts if r.status == "env_failure"
+    ]

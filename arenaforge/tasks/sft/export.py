@@ -1,0 +1,114 @@
+"""Export kept trajectories as SFT data (OpenAI messages + tools) in JSONL and Parquet, with statistics.
+
+One row per trajectory whose latest judge score has `keep` (view `v_sft_kept`), optionally one
+run only or above a stricter score:
+    id, server, score, messages (list of {role, content, tool_calls, tool_call_id, name}), tools
+`tool_calls[].function.arguments` is the JSON string OpenAI sends. `tools` is the list of OpenAI
+tool specs encoded as ONE JSON string per row: tool parameter schemas differ in shape from tool
+to tool, which Arrow (and so `datasets`) cannot hold as one column type; `json.loads(row["tools"])`
+gives the list. Both files load with `datasets.load_dataset("json" | "parquet", data_files=...)`.
+
+The statistics mirror the paper's SFT-set report (METHOD.md §1a.5): samples, messages, messages
+and tool calls per sample, the distribution of tool-call counts (share with 1-5 calls), distinct
+functions called, plus judge scores and the achieved fault-injection rate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from arenaforge.schemas.models import JudgeScore, Trajectory
+from arenaforge.warehouse.db import Warehouse
+
+_CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
+                   ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(_CALL)),
+                      ("tool_call_id", pa.string()), ("name", pa.string())])
+SCHEMA = pa.schema([("id", pa.string()), ("server", pa.string()), ("score", pa.float64()),
+                    ("messages", pa.list_(_MESSAGE)), ("tools", pa.string())])
+
+
+def kept_trajectories(wh: Warehouse, run_id: str | None = None, min_score: float | None = None
+                      ) -> list[tuple[Trajectory, float]]:
+    sql = "SELECT id, score FROM v_sft_kept"
+    params: list[Any] = []
+    clauses = []
+    if run_id:
+        clauses.append("id IN (SELECT (record->>'trajectory_id') FROM judge_scores WHERE run_id = ?)")
+        params.append(run_id)
+    if min_score is not None:
+        clauses.append("score >= ?")
+        params.append(min_score)
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    _, rows = wh.query(sql, params)
+    score = {r[0]: float(r[1]) for r in rows}
+    if not score:
+        return []
+    trajectories = wh.load(Trajectory, where="id = ANY(?)", params=[list(score)])
+    return [(t, score[t.id]) for t in sorted(trajectories, key=lambda t: t.id)]
+
+
+def sft_row(t: Trajectory, score: float) -> dict[str, Any]:
+    messages = []
+    for m in t.messages:
+        messages.append({
+            "role": m.role, "content": m.content,
+            "tool_calls": [c.model_dump(mode="json") for c in m.tool_calls] if m.tool_calls else None,
+            "tool_call_id": m.tool_call_id, "name": m.name})
+    tools = [f.as_openai_tool() for f in t.tools]
+    return {"id": t.id, "server": t.server, "score": score, "messages": messages,
+            "tools": json.dumps(tools, ensure_ascii=False)}
+
+
+def statistics(items: list[tuple[Trajectory, float]], scores: list[JudgeScore] | None = None) -> dict[str, Any]:
+    n = len(items)
+    msgs = [len(t.messages) for t, _ in items]
+    calls = [t.tool_calls for t, _ in items]
+    functions = Counter(c.function.name for t, _ in items for m in t.messages for c in (m.tool_calls or []))
+    dist = Counter(calls)
+    faults = sum(t.faults_injected for t, _ in items)
+    sim_calls = sum(t.tool_calls for t, _ in items if t.executor == "simulator")
+    return {
+        "samples": n,
+        "messages": sum(msgs),
+        "messages_per_sample": round(sum(msgs) / n, 2) if n else 0.0,
+        "tool_calls_per_sample": round(sum(calls) / n, 2) if n else 0.0,
+        "share_1_to_5_calls": round(sum(v for k, v in dist.items() if 1 <= k <= 5) / n, 4) if n else 0.0,
+        "tool_call_distribution": {str(k): dist[k] for k in sorted(dist)},
+        "distinct_functions": len(functions),
+        "servers": len({t.server for t, _ in items}),
+        "mean_score": round(sum(s for _, s in items) / n, 4) if n else 0.0,
+        "faults_injected": faults,
+        "achieved_fault_rate": round(faults / sim_calls, 4) if sim_calls else 0.0,
+        "executors": dict(Counter(t.executor for t, _ in items)),
+    }
+
+
+def export_sft(wh: Warehouse, out_dir: str | Path, run_id: str | None = None, min_score: float | None = None,
+               name: str = "sft") -> dict[str, Any]:
+    """Write <out_dir>/<name>.jsonl, .parquet and _stats.json; returns the statistics with the paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    items = kept_trajectories(wh, run_id, min_score)
+    rows = [sft_row(t, s) for t, s in items]
+    jsonl = out / f"{name}.jsonl"
+    parquet = out / f"{name}.parquet"
+    tmp = jsonl.with_suffix(".jsonl.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(jsonl)
+    tmp = parquet.with_suffix(".parquet.tmp")
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
+    tmp.replace(parquet)
+    stats = statistics(items)
+    report = out / f"{name}_stats.json"
+    report.write_text(json.dumps(stats, indent=2) + "\n")
+    return {**stats, "jsonl": str(jsonl), "parquet": str(parquet), "report": str(report)}

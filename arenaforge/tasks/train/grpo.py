@@ -1,0 +1,179 @@
+"""GRPO on one node: group-relative advantages, clip-higher token-level loss, no KL, no entropy.
+
+The objective (METHOD.md §1c, §2): for each group of G rollouts of one prompt,
+    A_i = (r_i - mean(r)) / (std(r) + 1e-4)          std unbiased, as TRL computes it
+and for every model token t of every rollout (response_mask = 1; tool tokens never count)
+    ratio = exp(logp_t - old_logp_t)
+    loss_t = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+averaged over all model tokens of the batch (token-level mean, DAPO / TRL loss_type="dapo").
+eps_low 0.2 / eps_high 0.28 are rStar2-Agent's clip-higher values. No KL and no entropy term.
+
+`old_logp` is either the policy's own detached log-probs (`old_logprobs="policy"`: one update
+per batch, ratio 1, the plain on-policy gradient) or the rollout engine's (`"engine"`: the
+importance ratio against what vLLM actually sampled, METHOD.md §4).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from arenaforge.schemas.models import Rollout
+
+ADV_EPS = 1e-4  # TRL's constant, so advantages agree exactly
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    lr: float = 2e-6  # ASTRA's constant learning rate
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    micro_batch_size: int = 4
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    old_logprobs: Literal["policy", "engine"] = "policy"
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """(groups, G) rewards -> (groups, G) advantages; zero-variance groups give zeros."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(mean)
+    return (rewards - mean) / (std + ADV_EPS)
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                eps_low: float, eps_high: float, normalizer: float | torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clip-higher surrogate summed over masked tokens / `normalizer` (default: masked token count).
+
+    logp/old_logp/mask: (B, T); advantages: (B,) or (B, T).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    mask = mask.to(logp.dtype)
+    ratio = torch.exp(logp - old_logp)
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
+    denom = mask.sum().clamp(min=1.0) if normalizer is None else normalizer
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        low = ((ratio < 1 - eps_low) & (advantages < 0)).to(mask.dtype)
+        high = ((ratio > 1 + eps_high) & (advantages > 0)).to(mask.dtype)
+        stats = {"clip_low": float((low * mask).sum() / n), "clip_high": float((high * mask).sum() / n)}
+    return loss, stats
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t = 1..T-1, shape (B, T-1)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class PackedBatch:
+    """Right-padded sequences; every tensor indexed at positions 1..T-1 (the predicted tokens)."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    loss_mask: torch.Tensor  # (B, T-1): 1 where a model-generated response token is predicted
+    engine_logp: torch.Tensor  # (B, T-1)
+    advantages: torch.Tensor  # (B,)
+
+    def to(self, device: torch.device | str) -> "PackedBatch":
+        return PackedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask,
+                                                     self.engine_logp, self.advantages)))
+
+
+def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int) -> PackedBatch:
+    seqs = [r.prompt_ids + r.response_ids for r in rollouts]
+    width = max(len(s) for s in seqs)
+    b = len(seqs)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    loss_mask = torch.zeros((b, width - 1))
+    engine = torch.zeros((b, width - 1))
+    for i, (r, seq) in enumerate(zip(rollouts, seqs, strict=True)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        start = len(r.prompt_ids) - 1  # logits at position p predict token p+1
+        end = start + len(r.response_ids)
+        loss_mask[i, start:end] = torch.tensor(r.response_mask, dtype=torch.float)
+        engine[i, start:end] = torch.tensor(r.logprobs or [0.0] * len(r.response_ids), dtype=torch.float)
+    return PackedBatch(ids, attn, loss_mask, engine, torch.tensor(list(advantages), dtype=torch.float))
+
+
+def batch_advantages(groups: Sequence[Sequence[Rollout]]) -> list[float]:
+    out: list[float] = []
+    for group in groups:
+        rewards = torch.tensor([[r.reward.f1 for r in group]], dtype=torch.float)
+        out += group_advantages(rewards)[0].tolist()
+    return out
+
+
+class GrpoTrainer:
+    """Owns the model, optimizer and constant-with-warmup scheduler; `step(groups)` is one update."""
+
+    def __init__(self, model: Any, tokenizer: Any, cfg: GrpoConfig) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        warmup = max(cfg.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def step(self, groups: Sequence[Sequence[Rollout]]) -> dict[str, float]:
+        """One optimizer step on whole groups; returns loss/clip/grad-norm/throughput metrics."""
+        started = time.perf_counter()
+        rollouts = [r for g in groups for r in g]
+        advantages = batch_advantages(groups)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(sum(sum(r.response_mask) for r in rollouts))
+        if not rollouts or total_tokens == 0:
+            return {"loss": 0.0, "skipped": 1.0}
+        loss_sum = clip_low = clip_high = 0.0
+        tokens_seen = 0
+        for start in range(0, len(rollouts), self.cfg.micro_batch_size):
+            part = rollouts[start : start + self.cfg.micro_batch_size]
+            batch = pack(part, advantages[start : start + len(part)], self.pad_id).to(self.device)
+            logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask)
+            old = logp.detach() if self.cfg.old_logprobs == "policy" else batch.engine_logp
+            loss, stats = policy_loss(logp, old, batch.advantages, batch.loss_mask, self.cfg.eps_low,
+                                      self.cfg.eps_high, normalizer=total_tokens)
+            loss.backward()
+            share = float(batch.loss_mask.sum()) / total_tokens
+            loss_sum += float(loss.detach())
+            clip_low += stats["clip_low"] * share
+            clip_high += stats["clip_high"] * share
+            tokens_seen += int(batch.attention_mask.sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        elapsed = time.perf_counter() - started
+        return {
+            "loss": loss_sum, "clip_low": clip_low, "clip_high": clip_high,
+            "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0, "lr": lr,
+            "train_s": elapsed, "train_tokens": float(tokens_seen), "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

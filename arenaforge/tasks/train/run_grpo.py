@@ -1,0 +1,174 @@
+"""The GRPO training loop: stream rollout groups, fill batches adaptively, step, log, checkpoint.
+
+Rollouts keep streaming while a batch fills (`stream_groups`), so tool calls and generation
+overlap; groups still in flight when a step starts finish under the updated weights, at most
+one policy version stale. With the in-process `hf` engine the trainer holds the engine's lock
+during the update, so generation never reads half-updated weights. With `vllm` the server
+keeps its own weights: reload it from the newest checkpoint (or scale out with verl, which
+syncs weights itself) and train with `old_logprobs="engine"`.
+
+Everything a run writes goes to the warehouse at step boundaries: the step's rollouts, one
+`TrainStep`, and a `Checkpoint` row per save. Resume = newest checkpoint with optimizer state
+(model, optimizer, scheduler, step, environment cursor, RNG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
+from arenaforge.schemas.models import Environment, Rollout
+from arenaforge.tasks.policy.base import PolicyEngine
+from arenaforge.tasks.rollout.episodes import Episode, RolloutConfig, SandboxPool, env_failure_rejections, stream_groups
+from arenaforge.tasks.train.batching import AdaptiveBatcher
+from arenaforge.tasks.train.checkpoints import CheckpointManager
+from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
+from arenaforge.warehouse import Warehouse
+
+EngineFactory = Callable[[Any, Any], PolicyEngine]  # (model, tokenizer) -> engine
+
+
+@dataclass(frozen=True)
+class GrpoRunConfig:
+    out_dir: str
+    steps: int = 3
+    batch_groups: int = 2  # groups per optimisation batch (paper: 256 prompts)
+    group_size: int = 4  # G
+    delta: float = 0.0  # keep groups whose reward std exceeds this
+    roc: bool = False  # Resample-on-Correct: roll out 2G, keep G
+    max_groups_per_step: int = 32  # stop filling after this many groups (all zero-variance => skip step)
+    checkpoint_every: int = 1
+    keep_optimizer: int = 2
+    concurrency: int = 32
+    in_flight_groups: int = 4
+    seed: int = 0
+    device: str = "cpu"
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+
+
+@dataclass
+class GrpoSummary:
+    experiment: str
+    first_step: int
+    last_step: int
+    resumed_from: str | None
+    checkpoints: list[str]
+    metrics: list[dict[str, float]]
+
+
+def load_policy(model_path: str | Path, manager: CheckpointManager, device: str = "cpu") -> tuple[Any, Any, Any, str]:
+    """(model, tokenizer, saved-or-None, source path): the newest resumable checkpoint, else `model_path`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    saved = manager.latest_resumable()
+    source = str(saved.path) if saved else str(model_path)
+    model = AutoModelForCausalLM.from_pretrained(source).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    return model, tokenizer, saved, source
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(statistics.fmean(values)) if values else 0.0
+
+
+def step_metrics(generated: Sequence[Episode], batch: Sequence[Sequence[Rollout]], fill: Any,
+                 rollout_s: float) -> dict[str, float]:
+    scored = [e.rollout for e in generated if e.rollout.status != "env_failure"]
+    used = [r for g in batch for r in g]
+    return {
+        "reward": _mean([r.reward.f1 for r in scored]),
+        "recall": _mean([r.reward.recall for r in scored]),
+        "precision": _mean([r.reward.precision for r in scored]),
+        "calls": _mean([r.reward.calls for r in scored]),
+        "batch_reward": _mean([r.reward.f1 for r in used]),
+        "groups_generated": float(fill.generated),
+        "groups_used": float(len(batch)),
+        "zero_variance_share": fill.zero_variance / fill.generated if fill.generated else 0.0,
+        "env_failures": float(fill.env_failed_samples),
+        "env_dropped_groups": float(fill.env_dropped),
+        "response_len": _mean([len(r.response_ids) for r in scored]),
+        "model_tokens": _mean([sum(r.response_mask) for r in scored]),
+        "prompt_len": _mean([len(r.prompt_ids) for r in scored]),
+        "tool_errors": _mean([r.tool_errors for r in scored]),
+        "format_errors": _mean([r.format_errors for r in scored]),
+        "rollout_s": rollout_s,
+        "generate_s": sum(e.generate_s for e in generated),
+        "tools_s": sum(e.tool_s for e in generated),
+    }
+
+
+async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory: EngineFactory,
+                     pool: SandboxPool, envs: Sequence[Environment], wh: Warehouse | None = None,
+                     run_id: str | None = None) -> GrpoSummary:
+    """Run (or resume) GRPO until `cfg.steps` steps exist under `cfg.out_dir`."""
+    out = Path(cfg.out_dir)
+    experiment = out.name
+    manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
+    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device)
+    trainer = GrpoTrainer(model, tokenizer, cfg.grpo)
+    step, cursor = 0, 0
+    if saved is not None:
+        state, meta = CheckpointManager.load_state(saved)
+        trainer.load_state_dict(state)
+        torch.set_rng_state(state["torch_rng"])
+        step, cursor = int(meta["step"]), int(meta["groups_launched"])
+    else:
+        torch.manual_seed(cfg.seed)
+    first_step = step + 1
+    engine = engine_factory(model, tokenizer)
+    lock = getattr(engine, "lock", None)
+    batcher = AdaptiveBatcher(delta=cfg.delta, group_size=cfg.group_size, roc=cfg.roc, seed=cfg.seed + step)
+    rollout_group = cfg.group_size * (2 if cfg.roc else 1)
+    rollout_cfg = cfg.rollout
+    if rollout_cfg.seed is None:
+        rollout_cfg = RolloutConfig(**{**asdict(rollout_cfg), "seed": cfg.seed})
+    summary = GrpoSummary(experiment, first_step, step, str(saved.path) if saved else None, [], [])
+    if step >= cfg.steps:
+        return summary
+
+    launched = cursor
+    stream = stream_groups(engine, tokenizer, pool, envs, rollout_cfg, rollout_group, concurrency=cfg.concurrency,
+                           start=cursor, in_flight_groups=cfg.in_flight_groups)
+    try:
+        while step < cfg.steps:
+            step += 1
+            started = time.perf_counter()
+            generated: list[Episode] = []
+            while not batcher.ready(cfg.batch_groups) and batcher.stats.generated < cfg.max_groups_per_step:
+                group = await anext(stream)
+                launched += 1
+                generated += group
+                batcher.offer([e.rollout for e in group])
+            rollout_s = time.perf_counter() - started
+            batch = batcher.take(cfg.batch_groups)
+            fill = batcher.reset_stats()
+            metrics = step_metrics(generated, batch, fill, rollout_s)
+            with lock if lock is not None else contextlib.nullcontext():
+                metrics.update(trainer.step(batch) if batch else {"loss": 0.0, "skipped": 1.0})
+            rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in generated]
+            records: list[Any] = [*rollouts, *env_failure_rejections(rollouts, "train-grpo")]
+            records.append(TrainStep(experiment=experiment, algorithm="grpo", step=step, policy=source,
+                                     metrics=metrics, run_id=run_id))
+            if manager.due(step, last=step == cfg.steps):
+                state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
+                ckpt = manager.save(step, model, tokenizer, state,
+                                    {"groups_launched": launched, "algorithm": "grpo", "seed": cfg.seed})
+                summary.checkpoints.append(str(ckpt.path))
+                records.append(Checkpoint(experiment=experiment, algorithm="grpo", step=step, path=str(ckpt.path),
+                                          has_optimizer=True, run_id=run_id))
+            if wh is not None:
+                wh.upsert(records)
+            summary.metrics.append(metrics)
+            summary.last_step = step
+    finally:
+        await stream.aclose()
+    return summary

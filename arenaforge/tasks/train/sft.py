@@ -1,0 +1,169 @@
+"""SFT on the SFT export: OpenAI `{"messages": [...], "tools": [...]}` JSONL, loss on assistant tokens only.
+
+Each example is rendered with the model's own chat template; the template marks assistant
+turns (`{% generation %}`), and transformers returns that as `assistant_masks`, so system,
+user and tool text never enters the loss. The loss is the token-level mean over assistant
+tokens of the batch. Checkpoints follow the same policy as GRPO (`checkpoints.py`); resume
+restores model, optimizer, scheduler and the position in the data.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
+from arenaforge.tasks.train.checkpoints import CheckpointManager
+from arenaforge.warehouse import Warehouse
+
+
+@dataclass(frozen=True)
+class SftConfig:
+    out_dir: str
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 4
+    lr: float = 1e-5
+    max_length: int = 4096
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 50
+    keep_optimizer: int = 2
+    seed: int = 0
+    device: str = "cpu"
+
+
+@dataclass
+class SftSummary:
+    experiment: str
+    first_step: int
+    last_step: int
+    resumed_from: str | None
+    skipped: int
+    metrics: list[dict[str, float]]
+
+
+def load_examples(path: str | Path) -> list[dict[str, Any]]:
+    """Examples of an SFT JSONL export; a line without `messages` is an input error."""
+    examples = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise InputError(f"cannot read SFT data {path}: {err.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{number}: not JSON ({err.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise InputError(f"{path}:{number}: expected an object with a messages list")
+        examples.append(row)
+    return examples
+
+
+def encode(tokenizer: Any, example: dict[str, Any], max_length: int) -> tuple[list[int], list[int]] | None:
+    """(input ids, assistant mask), or None when the example has no assistant token left after truncation."""
+    messages = [{k: v for k, v in m.items() if v is not None} for m in example["messages"]]
+    for m in messages:  # the template reads arguments as a string or an object; normalise once
+        for call in m.get("tool_calls") or []:
+            args = call.get("function", {}).get("arguments")
+            if isinstance(args, str):
+                try:
+                    call["function"]["arguments"] = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+    out = tokenizer.apply_chat_template(messages, tools=example.get("tools") or None, tokenize=True,
+                                        return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = list(out["input_ids"])[:max_length], list(out["assistant_masks"])[:max_length]
+    return (ids, mask) if sum(mask) else None
+
+
+def _collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    target = torch.zeros((len(rows), width))
+    for i, (seq, mask) in enumerate(rows):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        target[i, : len(seq)] = torch.tensor(mask, dtype=torch.float)
+    return ids, attn, target
+
+
+def sft_loss(model: Any, ids: torch.Tensor, attn: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    mask = target[:, 1:]
+    tokens = mask.sum()
+    return (nll * mask).sum() / tokens.clamp(min=1.0), int(tokens)
+
+
+def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh: Warehouse | None = None,
+              run_id: str | None = None) -> SftSummary:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(cfg.out_dir)
+    manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
+    saved = manager.latest_resumable()
+    source = str(saved.path) if saved else str(model_path)
+    model = AutoModelForCausalLM.from_pretrained(source).to(cfg.device)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    encoded = [encode(tokenizer, ex, cfg.max_length) for ex in load_examples(data_path)]
+    rows = [e for e in encoded if e is not None]
+    if not rows:
+        raise InputError(f"{data_path}: no example has an assistant token")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    warmup = cfg.warmup_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    step = 0
+    if saved is not None:
+        state, meta = CheckpointManager.load_state(saved)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        step = int(meta["step"])
+    per_epoch = -(-len(rows) // cfg.batch_size)
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+    summary = SftSummary(out.name, step + 1, step, str(saved.path) if saved else None, len(encoded) - len(rows), [])
+    model.train()
+    while step < total:
+        epoch, offset = divmod(step, per_epoch)
+        order = list(range(len(rows)))
+        random.Random(cfg.seed + epoch).shuffle(order)  # same order on resume
+        chunk = [rows[i] for i in order[offset * cfg.batch_size : (offset + 1) * cfg.batch_size]]
+        started = time.perf_counter()
+        device = next(model.parameters()).device
+        ids, attn, target = (t.to(device) for t in _collate(chunk, pad_id))
+        optimizer.zero_grad(set_to_none=True)
+        loss, tokens = sft_loss(model, ids, attn, target)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        optimizer.step()
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step += 1
+        elapsed = time.perf_counter() - started
+        metrics = {"loss": float(loss.detach()), "assistant_tokens": float(tokens), "tokens": float(attn.sum()),
+                   "grad_norm": grad_norm, "lr": lr, "epoch": float(epoch), "train_s": elapsed,
+                   "tokens_per_s": float(attn.sum()) / max(elapsed, 1e-9)}
+        records: list[Any] = [TrainStep(experiment=out.name, algorithm="sft", step=step, policy=source,
+                                        metrics=metrics, run_id=run_id)]
+        if manager.due(step, last=step == total):
+            ckpt = manager.save(step, model, tokenizer, {"optimizer": optimizer.state_dict(),
+                                                        "scheduler": scheduler.state_dict()}, {"algorithm": "sft"})
+            records.append(Checkpoint(experiment=out.name, algorithm="sft", step=step, path=str(ckpt.path),
+                                      has_optimizer=True, run_id=run_id))
+        if wh is not None:
+            wh.upsert(records)
+        summary.metrics.append(metrics)
+        summary.last_step = step
+    return summary

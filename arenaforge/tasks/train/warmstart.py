@@ -1,0 +1,80 @@
+"""Warm start: SFT conversations that replay each environment's gold calls, so a random policy learns the format.
+
+A random-weight policy (the tiny model) never emits a well-formed `<tool_call>`, so every GRPO
+group scores 0 and every step is skipped (zero variance). A few SFT steps on these
+conversations first teach it the hermes call syntax and the environments' calls, after which
+sampled rollouts score some of the time and GRPO groups have reward variance.
+
+One conversation per environment, in the OpenAI messages+tools JSONL format `arenaforge.tasks.train.sft`
+consumes: the rollout's own prompt (`arenaforge.tasks.rollout.episodes.initial_messages`, same system prompt and
+tools, so warm-start prompts and rollout prompts are the same tokens), then one assistant turn
+per gold call, each followed by the tool message holding the observation obtained by really
+running the gold calls in a sandbox session (`arenaforge.environments.runtime.run_calls`), then a short
+final answer. Environments whose gold calls do not all return output are rejected, not dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from arenaforge.schemas.errors import SandboxError
+from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, ToolCall, ToolObservation
+from arenaforge.tasks.rollout.episodes import DEFAULT_SYSTEM, SandboxPool, initial_messages
+
+STAGE = "warmstart"
+
+
+def conversation(env: Environment, observations: Sequence[ToolObservation],
+                 system_prompt: str | None = DEFAULT_SYSTEM) -> dict[str, Any]:
+    """The SFT example of `env`: rollout prompt, one gold call per assistant turn, its observation, the answer."""
+    messages = list(initial_messages(env, system_prompt))
+    for turn, (call, obs) in enumerate(zip(env.calls, observations, strict=True)):
+        call_id = f"call_{turn}_0"  # the ids run_episode gives
+        messages.append(ChatMessage(role="assistant", tool_calls=[ToolCall(
+            id=call_id, function=FunctionCall(name=call.tool, arguments=json.dumps(call.arguments)))]))
+        messages.append(ChatMessage(role="tool", content=obs.text(), tool_call_id=call_id, name=call.tool))
+    answer = env.gold_answers[-1] if env.gold_answers else observations[-1].text()
+    messages.append(ChatMessage(role="assistant", content=f"The answer is {answer}."))
+    return {"messages": [m.model_dump(exclude_none=True) for m in messages],
+            "tools": [t.as_openai_tool() for t in env.tools], "env_id": env.id}
+
+
+async def _replay(pool: SandboxPool, env: Environment) -> list[ToolObservation]:
+    from arenaforge.environments.runtime import run_calls
+
+    return await run_calls(pool, env, env.calls)  # type: ignore[arg-type]  # only open/call/close are used
+
+
+async def warmstart_examples(pool: SandboxPool, envs: Sequence[Environment], *, concurrency: int = 8,
+                             system_prompt: str | None = DEFAULT_SYSTEM) -> tuple[list[dict[str, Any]], list[Rejection]]:
+    """(examples in env order, rejections): gold calls replayed in `pool`, one conversation per usable env."""
+    limiter = asyncio.Semaphore(concurrency)
+
+    async def one(env: Environment) -> dict[str, Any] | Rejection:
+        if not env.calls:
+            return Rejection(stage=STAGE, subject=env.id, reason="no_gold_calls", parents=[env.id])
+        try:
+            async with limiter:
+                observations = await _replay(pool, env)
+        except (SandboxError, OSError) as err:  # EnvLoadError is a SandboxError
+            return Rejection(stage=STAGE, subject=env.id, reason="replay_failed", detail=str(err),
+                             environment_failure=True, parents=[env.id])
+        bad = [(c.tool, o.outcome) for c, o in zip(env.calls, observations) if o.outcome != "ok"]
+        if bad:
+            return Rejection(stage=STAGE, subject=env.id, reason="gold_call_failed",
+                             detail=", ".join(f"{t}: {o}" for t, o in bad), parents=[env.id])
+        return conversation(env, observations, system_prompt)
+
+    results = await asyncio.gather(*(one(e) for e in envs))
+    return ([r for r in results if isinstance(r, dict)], [r for r in results if isinstance(r, Rejection)])
+
+
+def write_jsonl(examples: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples))
+    return path

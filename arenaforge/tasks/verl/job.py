@@ -1,0 +1,143 @@
+"""The verl GRPO job: hydra overrides, the files it reads, and Ray job submission.
+
+The overrides encode ASTRA's recipe (METHOD.md §1c) in verl 0.9 terms: GRPO advantages,
+no KL (neither in reward nor as a loss), no entropy term, clip-higher (0.2 / 0.28),
+token-mean loss, zero-variance group filtering with refill (`algorithm.filter_groups`),
+asynchronous multi-turn rollouts through our agent loop (`arena_agent`) on vLLM.
+Launch: `python -m verl.trainer.main_ppo <overrides>`, as a Ray job when a cluster address
+is configured (`submit`), otherwise printed for the user.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from arenaforge.schemas.errors import ConfigError
+from arenaforge.schemas.models import Environment
+from arenaforge.tasks.verl.dataset import AGENT_NAME, write_dataset
+
+VERL_VERSION = "0.9.1"
+
+
+@dataclass(frozen=True)
+class VerlJobSpec:
+    model_path: str
+    out_dir: str
+    experiment: str = "arenaforge-grpo"
+    train_batch_size: int = 256  # ASTRA batch
+    group_size: int = 8
+    lr: float = 2e-6
+    max_prompt_length: int = 25600
+    max_response_length: int = 49152
+    max_turns: int = 16
+    total_steps: int = 200
+    save_freq: int = 10
+    nnodes: int = 1
+    gpus_per_node: int = 8
+    tensor_parallel: int = 2
+    max_num_gen_batches: int = 10  # filter_groups: rollout batches tried before giving up on a full batch
+    extra_overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VerlJob:
+    spec: VerlJobSpec
+    train_files: str
+    agent_config: str
+    overrides: list[str]
+    entrypoint: str
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "spec": asdict(self.spec)}
+
+
+def hydra_overrides(spec: VerlJobSpec, train_files: str, val_files: str, agent_config: str) -> list[str]:
+    ppo_mini = max(1, spec.train_batch_size // 4)
+    return [
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=reward",  # verl 0.9: the canonical rm_scores (our F1)
+        f"algorithm.filter_groups.max_num_gen_batches={spec.max_num_gen_batches}",
+        f"data.train_files={train_files}",
+        f"data.val_files={val_files}",
+        "data.prompt_key=prompt",
+        "data.return_raw_chat=True",
+        f"data.train_batch_size={spec.train_batch_size}",
+        f"data.max_prompt_length={spec.max_prompt_length}",
+        f"data.max_response_length={spec.max_response_length}",
+        f"actor_rollout_ref.model.path={spec.model_path}",
+        f"actor_rollout_ref.actor.optim.lr={spec.lr}",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.kl_loss_coef=0.0",
+        "actor_rollout_ref.actor.entropy_coeff=0.0",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={ppo_mini}",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.mode=async",
+        f"actor_rollout_ref.rollout.n={spec.group_size}",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={spec.tensor_parallel}",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.rollout.multi_turn.enable=True",
+        f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={spec.max_turns}",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_config}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
+        f"reward.custom_reward_function.path={resources.files('arenaforge.tasks.verl').joinpath('reward.py')}",
+        "reward.custom_reward_function.name=compute_score",
+        "trainer.critic_warmup=0",
+        "trainer.logger=[console]",
+        "trainer.project_name=arenaforge",
+        f"trainer.experiment_name={spec.experiment}",
+        f"trainer.nnodes={spec.nnodes}",
+        f"trainer.n_gpus_per_node={spec.gpus_per_node}",
+        f"trainer.save_freq={spec.save_freq}",
+        "trainer.max_actor_ckpt_to_keep=2",
+        f"trainer.total_training_steps={spec.total_steps}",
+        f"trainer.default_local_dir={Path(spec.out_dir) / 'checkpoints'}",
+        *spec.extra_overrides,
+    ]
+
+
+def write_job(spec: VerlJobSpec, envs: Sequence[Environment], val_envs: Sequence[Environment] = ()) -> VerlJob:
+    """Write the dataset(s), agent-loop config and job.json under `spec.out_dir`; the job."""
+    if not envs:
+        raise ConfigError("a verl job needs at least one environment")
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train = write_dataset(envs, out / "train.parquet")
+    val = write_dataset(val_envs or envs[: max(1, len(envs) // 10)], out / "val.parquet")
+    agent_config = out / "agent_loops.yaml"
+    agent_config.write_text(f"- name: {AGENT_NAME}\n  _target_: arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop\n")
+    overrides = hydra_overrides(spec, str(train), str(val), str(agent_config))
+    entrypoint = "python -m verl.trainer.main_ppo " + " ".join(shlex.quote(o) for o in overrides)
+    runtime_env = {
+        # ship the installed package itself (a checkout or a wheel alike), not a source tree
+        "py_modules": [str(resources.files("arenaforge"))],
+        "pip": [f"verl=={VERL_VERSION}"],
+        "env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    }
+    job = VerlJob(spec, str(train), str(agent_config), overrides, entrypoint, runtime_env)
+    (out / "job.json").write_text(json.dumps(job.as_json(), indent=2))
+    return job
+
+
+def submit(job: VerlJob, address: str) -> str:
+    """Submit `job` to the Ray cluster at `address`; the Ray job id."""
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise ConfigError("submitting to a Ray cluster needs ray (pip install 'arenaforge[verl]')") from None
+    client = JobSubmissionClient(address)
+    return client.submit_job(entrypoint=job.entrypoint, runtime_env=job.runtime_env,
+                             submission_id=f"{job.spec.experiment}-{int(time.time())}")

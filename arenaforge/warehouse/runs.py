@@ -1,0 +1,40 @@
+"""Run bookkeeping: every flow execution is a `runs` row whose id stamps what it wrote."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from arenaforge.schemas.models import Run
+from arenaforge.warehouse.db import Warehouse
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def start_run(wh: Warehouse, flow: str, params: dict[str, Any]) -> Run:
+    run = Run(flow=flow, params=params, started_at=_now())
+    wh.upsert([run], replace=True)
+    return run
+
+
+def finish_run(wh: Warehouse, run: Run, status: str, counts: dict[str, int], error: str | None = None) -> Run:
+    done = run.model_copy(update={"status": status, "finished_at": _now(), "counts": counts, "error": error})
+    wh.upsert([done], replace=True)
+    return done
+
+
+@contextlib.contextmanager
+def recorded_run(wh: Warehouse, flow: str, params: dict[str, Any]) -> Iterator[tuple[Run, dict[str, int]]]:
+    """Start a run, yield it with a counts dict to fill, and close it as completed or failed."""
+    run = start_run(wh, flow, params)
+    counts: dict[str, int] = {}
+    try:
+        yield run, counts
+    except BaseException as err:
+        finish_run(wh, run, "failed", counts, error=f"{type(err).__name__}: {err}"[:500])
+        raise
+    finish_run(wh, run, "completed", counts)
