@@ -293,7 +293,8 @@ class ToolObservation(Frozen):
         "timeout: exceeded its wall-clock limit; limit: hit a memory/pids/output limit or killed its worker."
     )
     output: str = Field(default="", description="Returned value rendered as text (JSON for structured values).")
-    error: str | None = Field(default=None, description="Exception type, message and traceback, or the limit hit.")
+    error: str | None = Field(default=None, description="The error as the agent sees it (`Error: <message>`), or the limit hit.")
+    traceback: str | None = Field(default=None, description="The tool's traceback when it raised (for debugging, not shown).")
     truncated: bool = Field(default=False, description="Output was cut at the output limit (marked in the text).")
     duration_s: float = Field(default=0.0, ge=0)
 
