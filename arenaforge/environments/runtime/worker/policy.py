@@ -264,3 +264,16 @@ def sched_wait_s(pid: int) -> float | None:
             return int(fh.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def describe_exit(status: int | None, limits: dict) -> str:
+    """Why a session process ended, from its wait status."""
+    if status is None:
+        return "the session process died"
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        hint = {"SIGXCPU": f" (CPU time limit of {limits['cpu_s']} s)", "SIGKILL": " (killed: memory or another limit)",
+                "SIGSEGV": " (segmentation fault)"}.get(name, "")
+        return f"the session process was killed by {name}{hint}"
+    return f"the session process exited with code {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status}"
