@@ -116,7 +116,8 @@ class Tools:
         if data_var and state is not None:
             module.__dict__[data_var] = state
         # dont_inherit: the tool code gets its own __future__ flags, never the worker's
-        exec(compile(code, TOOLS_FILE, "exec", dont_inherit=True), module.__dict__)
+        compiled = template.get("compiled") or compile(code, TOOLS_FILE, "exec", dont_inherit=True)
+        exec(compiled, module.__dict__)
         if data_var and state is not None and module.__dict__.get(data_var) is not state:
             module.__dict__[data_var] = state  # the code set a default; the package's state wins
         self.target: object = module

@@ -1,13 +1,14 @@
 """The sandbox policy of one session process, applied before any tool code runs; and its teardown.
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
-  1. leaves the worker's mount, IPC and network namespaces: a private, size-capped tmpfs on /tmp,
-     /dev/shm and /var/tmp (its scratch space, gone with it), host paths hidden on the process
-     backend, no SysV/POSIX IPC or loopback shared with other sessions;
+  1. leaves the worker's mount and IPC namespaces: a private, size-capped tmpfs on /tmp, /dev/shm
+     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend, no
+     SysV/POSIX IPC shared with other sessions;
   2. drops to its own uid (random in the worker's range), no capabilities;
   3. gets rlimits (address space, CPU seconds, processes of its uid, no core dumps);
-  4. sets no-new-privileges and a seccomp filter that refuses namespace, mount, ptrace, bpf,
-     keyring, io_uring and module syscalls (so it cannot undo 1-2 with what the container allows);
+  4. sets no-new-privileges and a seccomp filter that refuses sockets (no network, no loopback or
+     abstract-socket channel to another session) and namespace, mount, ptrace, bpf, keyring,
+     io_uring and module syscalls (so it cannot undo 1-2 with what the container allows);
   5. dies with its zygote (parent-death signal), runs in its scratch dir with an empty environment.
 Where namespaces are not permitted (the process backend without root or user namespaces) it
 falls back to an exclusively created, unguessable scratch dir and says so in the worker's info.
@@ -28,12 +29,14 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 1638
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 
-# seccomp: syscalls a session never needs and that could undo its isolation, per architecture
+# seccomp: syscalls a session never needs and that could undo its isolation, per architecture. socket() is among
+# them: a session has no network, and a socket it cannot make is no loopback or abstract-socket channel to another
+# session (socketpair() still works, for subprocess and multiprocessing).
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 DENIED = {
-    "x86_64": (101, 103, 134, 135, 155, 161, 163, 165, 166, 167, 168, 169, 175, 176, 179, 212, 246, 248, 249, 250,
+    "x86_64": (41, 101, 103, 134, 135, 155, 161, 163, 165, 166, 167, 168, 169, 175, 176, 179, 212, 246, 248, 249, 250,
                272, 298, 303, 304, 308, 310, 311, 313, 320, 321, 323, 425, 426, 427, 428, 429, 430, 431, 432, 433, 442),
-    "aarch64": (117, 116, 92, 41, 51, 89, 40, 39, 224, 225, 142, 105, 106, 60, 18, 104, 217, 218, 219, 97, 241, 264,
+    "aarch64": (198, 117, 116, 92, 41, 51, 89, 40, 39, 224, 225, 142, 105, 106, 60, 18, 104, 217, 218, 219, 97, 241, 264,
                 265, 268, 270, 271, 273, 294, 280, 282, 425, 426, 427, 428, 429, 430, 431, 432, 433, 442),
 }  # fmt: skip
 CLONE_NR = {"x86_64": 56, "aarch64": 220}
@@ -141,7 +144,9 @@ def _drop_capabilities() -> None:
 
 def _private_mounts(owner: int, limits: dict) -> None:
     libc = _libc()
-    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWNET), "unshare")
+    # a network namespace per session costs milliseconds to make and more to tear down; with the filter on socket()
+    # it buys nothing, so it is only the fallback where seccomp is unavailable
+    _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | (0 if limits.get("seccomp") else CLONE_NEWNET)), "unshare")
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
     opts = f"size={int(limits['scratch_mb'])}m,mode=0700,uid={owner},gid={owner}".encode()
     for path in PRIVATE_DIRS:
