@@ -262,12 +262,13 @@ def kill_group(pid: int) -> None:
             pass
 
 
-def sched_wait_s(pid: int) -> float | None:
-    """Seconds `pid` has spent runnable but waiting for a CPU (None where the kernel does not say)."""
+def sched_times(pid: int) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of `pid`; None where the kernel does not say."""
     try:
         with open(f"/proc/{pid}/schedstat", "rb") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+            run, wait = fh.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
         return None
 
 

@@ -1,9 +1,10 @@
 """The life of one session inside the worker: spawn, requests one at a time, deadlines, death, teardown.
 
 A deadline is the tool's own time: the time a session spent waiting for a CPU (its scheduler
-run-queue delay) is added back, up to `load_stretch` times the limit. A tool that still has not
-answered then ran too long (outcome `timeout`, the tool's fault); a session that spent the window
-waiting for a CPU was starved (failure `overloaded`, the sandbox's fault). A session process that
+run-queue delay, /proc/PID/schedstat) is added back, up to `load_stretch` times the limit. A tool
+that used up its own time, or that was starved but still burned 1/`load_stretch` of its limit on a
+CPU, ran too long (outcome `timeout`, the tool's fault); one that barely got a CPU in the whole
+window was starved (failure `overloaded`, the sandbox's fault). A session process that
 dies between calls has lost its state: the next call is not run and fails `state_lost`. After the
 tool's own crash or timeout, the next call re-opens the session from its initial state.
 
@@ -29,7 +30,7 @@ DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that 
 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
-                 "nonce", "serial", "spawn", "deadline", "started", "budget", "wait0", "isolated", "status", "dying", "watching")
+                 "nonce", "serial", "spawn", "deadline", "started", "budget", "sched0", "isolated", "status", "dying", "watching")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -40,7 +41,8 @@ class Session:
         self.queue: list[tuple[dict, bytes]] = []
         self.lost = ""  # why the process died between calls: the next call fails state_lost
         self.nonce = self.serial = self.spawn = 0  # spawn: which fork the zygote's messages are about
-        self.deadline = self.started = self.budget = self.wait0 = 0.0
+        self.deadline = self.started = self.budget = 0.0
+        self.sched0 = (0.0, 0.0)  # (CPU, run-queue wait) seconds of the process when the request started
         self.isolated = self.dying = self.watching = False
         self.status: int | None = None
 
@@ -257,7 +259,7 @@ class SessionServer:
 
     def _arm(self, sess: Session, req: dict, budget: float) -> None:
         sess.pending, sess.budget, sess.started = req, budget, time.monotonic()
-        sess.wait0 = (policy.sched_wait_s(sess.pid) or 0.0) if sess.pid and req["op"] != "open" else 0.0
+        sess.sched0 = (policy.sched_times(sess.pid) or (0.0, 0.0)) if sess.pid and req["op"] != "open" else (0.0, 0.0)
         sess.serial = next(self.serials)
         sess.deadline = sess.started + budget
         heapq.heappush(self.deadlines, (sess.deadline, next(self.ticks), sess.serial, sess))
@@ -283,21 +285,24 @@ class SessionServer:
                 self._died(sess)
                 continue
             elapsed = now - sess.started
-            waited = elapsed if not sess.pid else max(0.0, (policy.sched_wait_s(sess.pid) or sess.wait0) - sess.wait0)
-            own = elapsed - waited
+            times = policy.sched_times(sess.pid) if sess.pid else None
+            ran, waited = (times[0] - sess.sched0[0], times[1] - sess.sched0[1]) if times else (0.0, elapsed * bool(not sess.pid))
+            own = elapsed - waited  # on a CPU, sleeping or blocked: everything but waiting for a CPU
             stretch = float(self.limits["load_stretch"])
-            if own < sess.budget and elapsed < stretch * sess.budget:  # starved: the waiting is given back
+            if own >= sess.budget or (elapsed >= stretch * sess.budget and ran >= sess.budget / stretch):
+                # it ran too long (or, starved, still burned a fair share of its limit in CPU): the tool's fault
+                if sess.pending["op"] == "open":
+                    self._kill(sess)
+                    self._finish(sess, None, f"TimeoutError: loading the tool code took more than {sess.budget:g} s")
+                else:
+                    self._tool_fault(sess, f"the call exceeded its {sess.budget:g} s time limit", "timeout")
+            elif elapsed < stretch * sess.budget:  # starved of CPU: the waiting is given back
                 sess.deadline = max(now + 0.01, sess.started + min(sess.budget + waited, stretch * sess.budget))
                 heapq.heappush(self.deadlines, (sess.deadline, next(self.ticks), sess.serial, sess))
-            elif own < sess.budget:
+            else:
                 self._kill(sess)
                 self._finish(sess, "overloaded", f"the sandbox is overloaded: the session waited {waited:.1f} s of "
                              f"{elapsed:.1f} s for a CPU; its state is discarded")
-            elif sess.pending["op"] == "open":
-                self._kill(sess)
-                self._finish(sess, None, f"TimeoutError: loading the tool code took more than {sess.budget:g} s")
-            else:
-                self._tool_fault(sess, f"the call exceeded its {sess.budget:g} s wall-clock limit", "timeout")
 
     def _kill(self, sess: Session) -> None:
         """Kill every process of the session and forget its channel (its state is gone)."""
