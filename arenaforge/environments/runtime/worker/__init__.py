@@ -5,7 +5,9 @@ from the project. One worker serves many sessions; each environment version it i
 gets a zygote holding the parsed state, and each session is a process forked from it.
 
     protocol.py   the wire format and the checks on everything the worker reads
-    server.py     the event loop: requests, queues, deadlines, replies
+    server.py     the event loop: the pool's requests and replies, templates
+    sessions.py   the life of a session: spawn, one request at a time, death, teardown
+    deadlines.py  whose fault a late reply is: the tool's (timeout) or the machine's (overloaded)
     zygote.py     one per loaded environment version: parse once, fork sessions
     policy.py     what confines a session process (namespaces, uid, rlimits, seccomp) and its teardown
     execution.py  tool code inside a session: load, call, render observations

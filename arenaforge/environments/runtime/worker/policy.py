@@ -262,13 +262,18 @@ def kill_group(pid: int) -> None:
             pass
 
 
-def sched_times(pid: int) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable but waiting for one) of `pid`; None where the kernel does not say."""
+def cpu_state(pid: int) -> tuple[float, str] | None:
+    """(seconds `pid` has spent on a CPU, its scheduler state letter: R runnable, S sleeping, ...), or None."""
     try:
-        with open(f"/proc/{pid}/schedstat", "rb") as fh:
-            run, wait = fh.read().split()[:2]
-        return int(run) / 1e9, int(wait) / 1e9
-    except (OSError, ValueError):
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+        state = fields[0].decode()
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as fh:
+                return int(fh.read().split()[0]) / 1e9, state
+        except (OSError, ValueError, IndexError):  # no schedstat: user + system clock ticks
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), state
+    except (OSError, ValueError, IndexError):
         return None
 
 

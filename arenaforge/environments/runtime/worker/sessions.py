@@ -1,12 +1,7 @@
 """The life of one session inside the worker: spawn, requests one at a time, deadlines, death, teardown.
 
-A deadline is the tool's own time: the time a session spent waiting for a CPU (its scheduler
-run-queue delay, /proc/PID/schedstat) is added back, up to `load_stretch` times the limit. A tool
-that used up its own time, or that was starved but still burned 1/`load_stretch` of its limit on a
-CPU, ran too long (outcome `timeout`, the tool's fault); one that barely got a CPU in the whole
-window was starved (failure `overloaded`, the sandbox's fault). A session process that
-dies between calls has lost its state: the next call is not run and fails `state_lost`. After the
-tool's own crash or timeout, the next call re-opens the session from its initial state.
+Deadlines are measured in the tool's own time (`deadlines.RequestClock`): a late reply is a `timeout`
+(the tool's fault) or `overloaded` (the sandbox's).
 
 `SessionServer` is the part of the worker's `Server` that owns this; the server owns the event loop,
 the pool's requests and the templates.
@@ -23,6 +18,7 @@ import socket
 import time
 
 from . import policy
+from .deadlines import RequestClock
 from .protocol import encode, header, session_reply
 
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
@@ -30,7 +26,7 @@ DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that 
 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
-                 "nonce", "serial", "spawn", "deadline", "started", "budget", "sched0", "isolated", "status", "dying", "watching")
+                 "nonce", "serial", "spawn", "deadline", "clock", "isolated", "status", "dying", "watching")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -41,8 +37,8 @@ class Session:
         self.queue: list[tuple[dict, bytes]] = []
         self.lost = ""  # why the process died between calls: the next call fails state_lost
         self.nonce = self.serial = self.spawn = 0  # spawn: which fork the zygote's messages are about
-        self.deadline = self.started = self.budget = 0.0
-        self.sched0 = (0.0, 0.0)  # (CPU, run-queue wait) seconds of the process when the request started
+        self.deadline = 0.0
+        self.clock: RequestClock | None = None
         self.isolated = self.dying = self.watching = False
         self.status: int | None = None
 
@@ -258,11 +254,13 @@ class SessionServer:
                 self.reply({"id": r["id"], "ok": False, "failure": failure, "error": error})
 
     def _arm(self, sess: Session, req: dict, budget: float) -> None:
-        sess.pending, sess.budget, sess.started = req, budget, time.monotonic()
-        sess.sched0 = (policy.sched_times(sess.pid) or (0.0, 0.0)) if sess.pid and req["op"] != "open" else (0.0, 0.0)
-        sess.serial = next(self.serials)
-        sess.deadline = sess.started + budget
-        heapq.heappush(self.deadlines, (sess.deadline, next(self.ticks), sess.serial, sess))
+        sess.pending, sess.serial = req, next(self.serials)
+        sess.clock = RequestClock(budget, time.monotonic(), sess.pid)
+        self._check_at(sess, sess.clock.first_check())
+
+    def _check_at(self, sess: Session, when: float) -> None:
+        sess.deadline = when
+        heapq.heappush(self.deadlines, (when, next(self.ticks), sess.serial, sess))
 
     def _stale(self, entry: tuple) -> bool:
         deadline, _, serial, sess = entry
@@ -284,25 +282,20 @@ class SessionServer:
             if sess.dying:
                 self._died(sess)
                 continue
-            elapsed = now - sess.started
-            times = policy.sched_times(sess.pid) if sess.pid else None
-            ran, waited = (times[0] - sess.sched0[0], times[1] - sess.sched0[1]) if times else (0.0, elapsed * bool(not sess.pid))
-            own = elapsed - waited  # on a CPU, sleeping or blocked: everything but waiting for a CPU
-            stretch = float(self.limits["load_stretch"])
-            if own >= sess.budget or (elapsed >= stretch * sess.budget and ran >= sess.budget / stretch):
-                # it ran too long (or, starved, still burned a fair share of its limit in CPU): the tool's fault
-                if sess.pending["op"] == "open":
-                    self._kill(sess)
-                    self._finish(sess, None, f"TimeoutError: loading the tool code took more than {sess.budget:g} s")
-                else:
-                    self._tool_fault(sess, f"the call exceeded its {sess.budget:g} s time limit", "timeout")
-            elif elapsed < stretch * sess.budget:  # starved of CPU: the waiting is given back
-                sess.deadline = max(now + 0.01, sess.started + min(sess.budget + waited, stretch * sess.budget))
-                heapq.heappush(self.deadlines, (sess.deadline, next(self.ticks), sess.serial, sess))
-            else:
+            clock, stretch = sess.clock, float(self.limits["load_stretch"])
+            clock.sample(sess.pid, now)
+            verdict = clock.verdict(now, stretch)
+            if verdict is None:
+                self._check_at(sess, clock.next_check(now, stretch))
+            elif verdict == "overloaded":
                 self._kill(sess)
-                self._finish(sess, "overloaded", f"the sandbox is overloaded: the session waited {waited:.1f} s of "
-                             f"{elapsed:.1f} s for a CPU; its state is discarded")
+                self._finish(sess, "overloaded", f"the sandbox is overloaded: the session got {clock.ran:.2f} s of CPU "
+                             f"in {now - clock.started:.1f} s; its state is discarded")
+            elif sess.pending["op"] == "open":
+                self._kill(sess)
+                self._finish(sess, None, f"TimeoutError: loading the tool code took more than {clock.budget:g} s")
+            else:
+                self._tool_fault(sess, f"the call exceeded its {clock.budget:g} s time limit", "timeout")
 
     def _kill(self, sess: Session) -> None:
         """Kill every process of the session and forget its channel (its state is gone)."""
