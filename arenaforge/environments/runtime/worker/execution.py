@@ -133,6 +133,7 @@ class Tools:
         self.style = style
         custom_result, custom_error = module.__dict__.get("render_result"), module.__dict__.get("render_error")
         self.render = custom_result if callable(custom_result) else render_tau2 if style == "tau2" else render_harness
+        self.render_none = style == "tau2" or callable(custom_result)  # else None means "what it printed"
         self.render_error = custom_error if callable(custom_error) else error_message
 
     def resolve(self, name: str):
@@ -208,9 +209,10 @@ def _reply(tools: Tools, outcome: str, value: object, error: str | None, trace: 
     printed = scrub(capture.value())
     truncated = False
     if outcome == "ok":
-        text = printed if value is None else scrub(str(tools.render(value)))
+        shown = value is not None or tools.render_none
+        text = scrub(str(tools.render(value))) if shown else printed
         text, truncated = cap(text, limit)
-        if value is None and capture.dropped:
+        if not shown and capture.dropped:
             text, truncated = text + f"\n...[truncated: {capture.dropped} more characters]", True
         if not text.strip():
             outcome = "no_output"
