@@ -177,13 +177,15 @@ async def _hog_on_cpu0(worker, session_pid: int):
         await asyncio.to_thread(container.exec_run, ["/usr/bin/python3", "-c", HOG], detach=True)
         pids = []
         while not pids:  # wait for the hog to show up
-            pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and b"arenaforge-test-hog" in _cmdline(p)]
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()
+                    and _cmdline(p).startswith(b"/usr/bin/python3\0-c\0") and b"arenaforge-test-hog" in _cmdline(p)]
             await asyncio.sleep(0.01)
     try:
         yield
     finally:
         for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if container is None:
             hog.wait()
         if lowered:
@@ -217,13 +219,12 @@ def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: Po
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     pool = one_worker.pool
     env = tiny_env()
-    killed: list[bool] = []
+    killed: list[asyncio.Task] = []  # holds the task: the loop keeps tasks only weakly
 
     def respond(_prompt: str, turn: int) -> str:
         if turn == 1:  # the sandbox worker dies between the agent's two calls
             worker = next(w for w in pool.workers if w is not None and w.alive)
-            asyncio.get_running_loop().create_task(worker.transport.kill())
-            killed.append(True)
+            killed.append(asyncio.get_running_loop().create_task(worker.transport.kill()))
         return call_text("get_capital", country="Freedonia") if turn == 0 else call_text("get_population", city="Quaxton")
 
     async def scenario():
