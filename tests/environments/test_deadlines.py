@@ -176,10 +176,10 @@ async def _hog_on_cpu0(worker, session_pid: int):
     else:
         await asyncio.to_thread(container.exec_run, ["/usr/bin/python3", "-c", HOG], detach=True)
         pids = []
-        while not pids:  # wait for the hog to show up
-            pids = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                    and _cmdline(p).startswith(b"/usr/bin/python3\0-c\0") and b"arenaforge-test-hog" in _cmdline(p)]
-            await asyncio.sleep(0.01)
+    while not pids or _cpu_s(pids[0]) < 0.05:  # wait until the hog is up and spinning
+        pids = pids or [int(p) for p in os.listdir("/proc") if p.isdigit()
+                        and _cmdline(p).startswith(b"/usr/bin/python3\0-c\0") and b"arenaforge-test-hog" in _cmdline(p)]
+        await asyncio.sleep(0.01)
     try:
         yield
     finally:
@@ -198,6 +198,14 @@ def _owner(pid: str) -> int:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:
         return -1
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/schedstat") as fh:
+            return int(fh.read().split()[0]) / 1e9
+    except (OSError, ValueError):
+        return 0.0
 
 
 def _cmdline(pid: str) -> bytes:
