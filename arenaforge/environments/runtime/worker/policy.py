@@ -195,8 +195,7 @@ def isolate(uid: int, limits: dict, scratch: str) -> str:
         os.setuid(uid)
     else:
         os.setsid()  # no uid of its own: its processes are found by process group
-        if os.geteuid() != 0:
-            _drop_capabilities()
+        _drop_capabilities()  # and no privilege, even as root or in the worker's user namespace
     mem = int(limits["memory_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
     cpu = int(limits["cpu_s"])
