@@ -65,6 +65,7 @@ class Tool(Record):
     KIND = "tool"
     ID_PREFIX = "tool"
     TABLE = "tools"
+    ID_EXCLUDE = frozenset({"source_ref"})  # an absolute path: the same document from two checkouts is one tool
 
     server: str = Field(description="Name of the server (service) the tool belongs to.")
     function: FunctionDoc
