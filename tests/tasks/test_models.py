@@ -10,9 +10,10 @@ import pytest
 
 from arenaforge.schemas.config import ModelConfig
 from arenaforge.schemas.errors import ParseError, ProviderError
-from arenaforge.tasks.models import ChatRequest, chat_model, complete_json
-from arenaforge.tasks.models.limiter import AdaptiveLimiter
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.tasks.models import ChatRequest, complete_json
+from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from tests.support.models import http_model as chat_model
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -177,10 +178,12 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
 
 
 def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
-    """Keys written before the orjson fast path stay valid: same bytes as arenaforge.schemas.ids.canonical_json."""
+    """Keys written before the orjson fast path (and before `tool_choice` existed) stay valid: same bytes as
+    arenaforge.schemas.ids.canonical_json of the request's fields of that time."""
     from arenaforge.schemas.ids import canonical_json, sha256_hex
 
     req = ChatRequest(step="s", messages=[{"role": "user", "content": "Ünïcode, quotes \" and 1.5"}],
                       response_schema=SCHEMA, temperature=0.7, seed=3, max_tokens=128)
-    expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step"})}))
+    expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step", "tool_choice"})}))
     assert req.cache_key("m") == expected
+    assert req.model_copy(update={"tool_choice": "none"}).cache_key("m") != expected

@@ -73,7 +73,7 @@ class Link:
     ref_key: str
 
 
-@dataclass
+@dataclass(eq=False)  # one loaded source is one object: hashable by identity, so caches can be keyed by it
 class KnowledgeSource:
     name: str
     con: duckdb.DuckDBPyConnection

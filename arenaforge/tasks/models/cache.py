@@ -45,9 +45,6 @@ class ResponseCache:
         self._load()[key] = raw
         self._writer.add({"key": key, "model": self.model, "request": json.dumps(request), "response": raw})
 
-    def _next_id(self) -> str:
-        return f"{self._prefix}-{next(self._counter)}"
-
     def close(self) -> None:
         self._writer.close()
 

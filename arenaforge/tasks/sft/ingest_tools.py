@@ -15,7 +15,6 @@ mcp_unavailable. The warehouse write is the caller's (one batch per run).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
@@ -507,7 +506,7 @@ def ingest_paths(paths: Iterable[str | Path], cfg: SftConfig) -> IngestResult:
     return result
 
 
-def ingest_mcp(commands: Iterable[str | list[str]], cfg: SftConfig) -> IngestResult:
+async def ingest_mcp(commands: Iterable[str | list[str]], cfg: SftConfig) -> IngestResult:
     """Tools of live MCP servers (stdio); a server that fails to start or list is a rejection."""
     raw_tools: list[RawTool] = []
     raw_servers: list[RawServer] = []
@@ -515,7 +514,7 @@ def ingest_mcp(commands: Iterable[str | list[str]], cfg: SftConfig) -> IngestRes
     for command in commands:
         argv = parse_command(command)
         try:
-            server_name, tools = asyncio.run(list_server_tools(argv, timeout_s=cfg.mcp_timeout_s))
+            server_name, tools = await list_server_tools(argv, timeout_s=cfg.mcp_timeout_s)
         except McpServerError as err:
             rejections.append(_reject(shlex.join(argv), "mcp_unavailable", str(err), env_failure=True))
             continue

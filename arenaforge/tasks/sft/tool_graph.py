@@ -1,17 +1,18 @@
 """Tool-call transition graphs per server, weighted bounded walks, chain verification (ASTRA §1a.2).
 
 Nodes are a server's tools; a directed edge a -> b says "b may legally follow a". Edges come from
-  * data flow (both backends): an output field of `a` (its response schema, else its description)
-    feeds a parameter of `b`, matched by name, type and MiniLM similarity of the names;
-  * model-proposed chains (openai backend): consecutive pairs of chains the model proposes.
+  * data flow: an output field of `a` (its response schema, else its description) feeds a parameter
+    of `b`, matched by name, type and MiniLM similarity of the names;
+  * model-proposed chains: consecutive pairs of the chains the run's model proposes (the offline
+    provider proposes none: its edges are the data-flow ones).
 Edges live in the warehouse table `graph_edges` with a `uses` count: walks pick the next tool with
 probability ~ weight / (1 + uses), and every run adds the edges its trajectories walked, so rarely
 used edges are sampled more on the next run. Walks are seeded, length-bounded and acyclic.
 
-Verification is a filter on sampled chains: offline, every required parameter must be satisfiable
-from the task (first call, or a user-known value) or from an earlier call's output; openai, a
-majority of judges must accept the chain and a back-translation (chain -> task -> chain) must
-return it unchanged.
+Verification is a filter on sampled chains: a majority of `verify_votes` judges must accept the
+chain (the offline provider's judges accept it when every required parameter is satisfiable from
+the task, a user-known value, or an earlier call's output: `satisfiable`), and a back-translation
+(chain -> task -> chain) must return it unchanged.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import networkx as nx
 
 from arenaforge.schemas.base import Provenance
-from arenaforge.schemas.config import Config, SftConfig
+from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.errors import InputError, ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
 from arenaforge.tasks.models import ChatModel, complete_json
@@ -173,22 +174,7 @@ def dataflow_edges(tools: Sequence[Tool], threshold: float = 0.6, similarity: Si
     return edges
 
 
-# --------------------------------------------------------------------------- backends: edge proposers
-class EdgeProposer(Protocol):
-    async def propose(self, server: Server, tools: Sequence[Tool]) -> tuple[list[Edge], list[Rejection]]: ...
-
-
-class DataflowProposer:
-    """Offline: data-flow matching only."""
-
-    def __init__(self, cfg: SftConfig) -> None:
-        self.cfg = cfg
-        self.similarity = _embedding_similarity if cfg.use_embeddings else None
-
-    async def propose(self, server: Server, tools: Sequence[Tool]) -> tuple[list[Edge], list[Rejection]]:
-        return dataflow_edges(tools, self.cfg.embedding_threshold, self.similarity), []
-
-
+# --------------------------------------------------------------------------- edge proposal
 CHAINS_SCHEMA = {
     "type": "object",
     "properties": {"chains": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2}}},
@@ -196,21 +182,31 @@ CHAINS_SCHEMA = {
 }
 
 
-class ModelProposer:
-    """openai: data-flow edges plus the consecutive pairs of chains the model proposes."""
+@dataclass(frozen=True)
+class ServerTools:
+    """A server and its tools: what the graph prompts are rendered from."""
+
+    server: Server
+    tools: tuple[Tool, ...]
+
+
+class EdgeProposer:
+    """Data-flow edges plus the consecutive pairs of the chains the run's model proposes."""
 
     def __init__(self, cfg: SftConfig, model: ChatModel) -> None:
-        self.dataflow = DataflowProposer(cfg)
+        self.cfg = cfg
         self.model = model
+        self.similarity = _embedding_similarity if cfg.use_embeddings else None
         self.prompt = load_prompt("sft_propose_chains")
 
     async def propose(self, server: Server, tools: Sequence[Tool]) -> tuple[list[Edge], list[Rejection]]:
-        edges, _ = await self.dataflow.propose(server, tools)
+        edges = dataflow_edges(tools, self.cfg.embedding_threshold, self.similarity)
         names = {t.function.name for t in tools}
         text = self.prompt.render(server=server.name, description=server.description or server.title,
                                   tools=_tool_lines(tools))
         try:
-            answer = await complete_json(self.model, "propose_chains", [{"role": "user", "content": text}], CHAINS_SCHEMA)
+            answer = await complete_json(self.model, "sft.propose_chains", [{"role": "user", "content": text}], CHAINS_SCHEMA,
+                                         inputs=ServerTools(server, tuple(tools)))
         except (ParseError, ProviderError) as err:
             return edges, [Rejection(stage="graph", subject=server.name, reason="model_failed", detail=str(err))]
         pairs: dict[tuple[str, str], int] = {}
@@ -388,27 +384,36 @@ def satisfiable(chain: Sequence[Tool], g: nx.DiGraph | None = None) -> list[str]
     return reasons
 
 
-class ChainVerifier(Protocol):
-    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
-                     tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]: ...
-
-
-class RuleVerifier:
-    async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
-                     tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
-        reasons = satisfiable(chain, g)
-        return not reasons, reasons
-
-
-VOTE_SCHEMA = {"type": "object", "properties": {"valid": {"type": "boolean"}, "reason": {"type": "string"}},
+VOTE_SCHEMA = {"type": "object",
+               "properties": {"valid": {"type": "boolean"}, "reason": {"type": "string"},
+                              "reasons": {"type": "array", "items": {"type": "string"}}},
                "required": ["valid"]}
 QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string", "minLength": 1}}, "required": ["query"]}
 PLAN_SCHEMA = {"type": "object", "properties": {"tools": {"type": "array", "items": {"type": "string"}}},
                "required": ["tools"]}
 
 
-class VoteVerifier:
-    """openai: majority of `votes` judges, then back-translation chain -> query -> chain must round-trip."""
+@dataclass(frozen=True)
+class ChainInputs:
+    """What the chain-verification prompts are rendered from."""
+
+    server: Server
+    chain: tuple[Tool, ...]
+    graph: nx.DiGraph
+    tools: tuple[Tool, ...]  # every tool of the server (the back-translation planner chooses among them)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """A query to plan back into a chain, and the tools to choose from."""
+
+    server: Server
+    query: str
+    tools: tuple[Tool, ...]
+
+
+class ChainVerifier:
+    """A majority of `votes` judges, then back-translation chain -> query -> chain must round-trip."""
 
     def __init__(self, cfg: SftConfig, model: ChatModel) -> None:
         self.votes = cfg.verify_votes
@@ -421,20 +426,28 @@ class VoteVerifier:
                      tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
         names = [t.function.name for t in chain]
         tools_text = _tool_lines(chain)
+        inputs = ChainInputs(server, tuple(chain), g, tuple(tools or chain))
         try:
             ballots = await asyncio.gather(*[
-                complete_json(self.model, "verify_chain", [{"role": "user", "content": self.vote_prompt.render(
-                    server=server.name, tools=tools_text, chain=" -> ".join(names), judge=i + 1)}], VOTE_SCHEMA)
+                complete_json(self.model, "sft.verify_chain", [{"role": "user", "content": self.vote_prompt.render(
+                    server=server.name, tools=tools_text, chain=" -> ".join(names), judge=i + 1)}], VOTE_SCHEMA,
+                    inputs=inputs)
                 for i in range(self.votes)])
             yes = sum(1 for b in ballots if b["valid"])
-            reasons = [f"vote: {b.get('reason', '')}" for b in ballots if not b["valid"]]
             if yes * 2 <= self.votes:
-                return False, [f"majority vote rejected the chain ({yes}/{self.votes})", *reasons]
-            query = await complete_json(self.model, "chain_to_query", [{"role": "user", "content": self.query_prompt.render(
-                server=server.name, tools=tools_text, chain=" -> ".join(names))}], QUERY_SCHEMA)
+                reasons: list[str] = []
+                for b in ballots:
+                    if not b["valid"]:
+                        for why in b.get("reasons") or [b.get("reason") or "rejected by a judge"]:
+                            if why not in reasons:
+                                reasons.append(why)
+                return False, reasons
+            query = await complete_json(self.model, "sft.chain_to_query", [{"role": "user", "content": self.query_prompt.render(
+                server=server.name, tools=tools_text, chain=" -> ".join(names))}], QUERY_SCHEMA, inputs=inputs)
             all_tools = _tool_lines(tools or chain)  # the planner chooses among every tool of the server
-            plan = await complete_json(self.model, "query_to_chain", [{"role": "user", "content": self.plan_prompt.render(
-                server=server.name, tools=all_tools, query=query["query"])}], PLAN_SCHEMA)
+            plan = await complete_json(self.model, "sft.query_to_chain", [{"role": "user", "content": self.plan_prompt.render(
+                server=server.name, tools=all_tools, query=query["query"])}], PLAN_SCHEMA,
+                inputs=PlanInputs(server, query["query"], tuple(tools or chain)))
         except (ParseError, ProviderError) as err:
             return False, [f"model failed: {err}"]
         if plan["tools"] != names:
@@ -443,24 +456,6 @@ class VoteVerifier:
 
 
 # --------------------------------------------------------------------------- the stage functions
-def graph_backends(cfg: Config, model: ChatModel | None) -> tuple[EdgeProposer, ChainVerifier]:
-    proposers: dict[str, Callable[[], EdgeProposer]] = {
-        "offline": lambda: DataflowProposer(cfg.sft),
-        "openai": lambda: ModelProposer(cfg.sft, _need(model)),
-    }
-    verifiers: dict[str, Callable[[], ChainVerifier]] = {
-        "offline": lambda: RuleVerifier(),
-        "openai": lambda: VoteVerifier(cfg.sft, _need(model)),
-    }
-    return proposers[cfg.model.backend](), verifiers[cfg.model.backend]()
-
-
-def _need(model: ChatModel | None) -> ChatModel:
-    if model is None:
-        raise ProviderError("the openai backend needs a chat model")
-    return model
-
-
 async def propose_edges(servers: Sequence[Server], tools: dict[str, list[Tool]], proposer: EdgeProposer
                         ) -> tuple[dict[str, list[Edge]], list[Rejection]]:
     results = await asyncio.gather(*[proposer.propose(s, tools.get(s.name, [])) for s in servers])

@@ -1,4 +1,4 @@
-"""The `openai` backend: any OpenAI-compatible chat endpoint (vLLM, OpenAI), `POST /chat/completions`.
+"""The `openai` provider: any OpenAI-compatible chat endpoint (vLLM, OpenAI), `POST /chat/completions`.
 
 Transport: one aiohttp session per event loop, JSON in and out, no SDK. The openai SDK's
 per-request machinery (options model, httpx request building, response wrapping) cost ~3 ms
@@ -19,11 +19,13 @@ validation error, then the step gets a `ParseError` (a rejected row, not a crash
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import random
 import re
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -36,22 +38,15 @@ from arenaforge.schemas.models import ChatMessage, Usage
 from arenaforge.tasks.models.base import ChatRequest, ChatResponse
 from arenaforge.tasks.models.cache import ResponseCache, UsageLedger
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from arenaforge.warehouse.db import Warehouse
+
+NAME = "openai"
 
 _RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx, as OpenAI's own clients do
+_SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")  # what OpenAI accepts in a json_schema name
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 _REQUEST_COUNTER = itertools.count()
-
-# One limiter per (endpoint, event loop): asyncio primitives belong to the loop that made them.
-_LIMITERS: dict[tuple[str, int], AdaptiveLimiter] = {}
-
-
-def limiter_for(cfg: ModelConfig) -> AdaptiveLimiter:
-    loop_id = id(asyncio.get_running_loop())
-    key = (cfg.base_url or "", loop_id)
-    if key not in _LIMITERS:
-        _LIMITERS[key] = AdaptiveLimiter(cfg.concurrency_initial, cfg.concurrency_max)
-    return _LIMITERS[key]
 
 
 def parse_json_answer(content: str | None) -> Any:
@@ -95,32 +90,54 @@ def _retry_after(err: Exception) -> float | None:
         return None
 
 
-class OpenAIChatModel:
-    """ChatModel over an OpenAI-compatible endpoint with caching, usage, retries and adaptive concurrency."""
+class OpenAICompatibleModel:
+    """ChatModel over an OpenAI-compatible endpoint with caching, usage, retries and adaptive concurrency.
 
-    def __init__(self, cfg: ModelConfig, cache: ResponseCache | None = None, ledger: UsageLedger | None = None) -> None:
+    The model owns its endpoint's HTTP session and concurrency limiter, made in the event loop of the
+    run that uses it (one loop per flow run): every stage of a run shares one connection pool and one
+    concurrency budget for the endpoint.
+    """
+
+    kind = "openai"
+
+    def __init__(self, cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None) -> None:
         if not cfg.base_url:
             raise ProviderError("model.backend = openai needs model.base_url (e.g. http://127.0.0.1:8000/v1)")
         self.cfg = cfg
         self.name = cfg.model
-        self.cache = cache
-        self.ledger = ledger
+        # answers cached in the warehouse (a re-run makes no calls) and one usage row per call
+        self.cache = ResponseCache(wh, cfg.model) if (wh is not None and cfg.cache) else None
+        self.ledger = UsageLedger(wh, run_id) if wh is not None else None
         self._url = cfg.base_url.rstrip("/") + "/chat/completions"
         self._http: aiohttp.ClientSession | None = None
-        self._http_loop: asyncio.AbstractEventLoop | None = None
+        self._limiter: AdaptiveLimiter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closer: tuple[Any, Any] | None = None
 
-    def _session(self) -> aiohttp.ClientSession:
-        """This event loop's HTTP session (aiohttp objects belong to the loop that made them)."""
+    def _bind(self) -> None:
+        """Make the session and limiter in the running loop (asyncio and aiohttp objects belong to one loop)."""
         loop = asyncio.get_running_loop()
-        if self._http is None or self._http_loop is not loop:
-            connector = aiohttp.TCPConnector(limit=self.cfg.concurrency_max, ttl_dns_cache=300)
-            self._http = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
-                headers={"Authorization": f"Bearer {self.cfg.api_key or 'EMPTY'}", "Content-Type": "application/json"})
-            self._http_loop = loop
-            self._close_when_loop_ends(self._http)
+        if self._loop is loop and self._http is not None:
+            return
+        connector = aiohttp.TCPConnector(limit=self.cfg.concurrency_max, ttl_dns_cache=300)
+        self._http = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
+            headers={"Authorization": f"Bearer {self.cfg.api_key or 'EMPTY'}", "Content-Type": "application/json"})
+        self._limiter = AdaptiveLimiter(self.cfg.concurrency_initial, self.cfg.concurrency_max)
+        self._loop = loop
+        self._close_when_loop_ends(self._http)
+
+    def _session(self) -> aiohttp.ClientSession:
+        self._bind()
+        assert self._http is not None
         return self._http
+
+    @property
+    def limiter(self) -> AdaptiveLimiter:
+        """This run's concurrency limiter for the endpoint."""
+        self._bind()
+        assert self._limiter is not None
+        return self._limiter
 
     def _close_when_loop_ends(self, session: aiohttp.ClientSession) -> None:
         """Close `session` inside its own loop when it shuts down.
@@ -139,9 +156,16 @@ class OpenAIChatModel:
         agen = closer()
         self._closer = (agen, asyncio.get_running_loop().create_task(agen.__anext__()))
 
+    def close(self) -> None:
+        """Flush the cache and usage rows to the warehouse (blocks until they are written)."""
+        for writer in (self.cache, self.ledger):
+            if writer is not None:
+                writer.close()
+
     async def aclose(self) -> None:
         """Close the HTTP session inside the loop that made it."""
         session, self._http = self._http, None
+        self._loop = None
         if session is not None:
             await session.close()
 
@@ -217,12 +241,14 @@ class OpenAIChatModel:
             params["seed"] = request.seed
         if request.tools:
             params["tools"] = request.tools
+            if request.tool_choice is not None:
+                params["tool_choice"] = request.tool_choice
         if request.response_schema is not None:
             params["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": request.step.replace("-", "_")[:64], "schema": request.response_schema},
+                "json_schema": {"name": _SCHEMA_NAME.sub("_", request.step)[:64], "schema": request.response_schema},
             }
-        limiter = limiter_for(self.cfg)
+        limiter = self.limiter
         body = orjson.dumps(params)  # several times faster than json.dumps on a prompt-sized body
         idem = next(_REQUEST_COUNTER)
         last: Exception | None = None
@@ -287,3 +313,15 @@ def _add_usage(total: Usage, raw: Any) -> Usage:
         completion_tokens=total.completion_tokens + (u.get("completion_tokens") or 0),
         total_tokens=total.total_tokens + (u.get("total_tokens") or 0),
     )
+
+
+@contextlib.asynccontextmanager
+async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None  # noqa: A001
+               ) -> AsyncIterator[OpenAICompatibleModel]:
+    """The endpoint's model with its warehouse response cache and usage ledger, flushed and closed on exit."""
+    model = OpenAICompatibleModel(cfg, wh, run_id)
+    try:
+        yield model
+    finally:
+        await model.aclose()
+        await asyncio.to_thread(model.close)
