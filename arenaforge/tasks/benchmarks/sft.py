@@ -81,8 +81,8 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
     """Ingest, graph build, chain sampling and end-to-end trajectories/minute on a generated corpus."""
     from arenaforge.schemas.config import Config, SftConfig, WarehouseConfig
     from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.tasks.sft import chains, tool_graph
     from arenaforge.tasks.sft import stages as sft_stages
-    from arenaforge.tasks.sft import tool_graph
     from arenaforge.tasks.sft.ingest_tools import finalise
     from arenaforge.warehouse import Warehouse
 
@@ -115,9 +115,9 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
         for t in result.tools:
             by_server.setdefault(t.server, []).append(t)
         async with open_run_scope(cfg, wh, "bench") as run:
-            proposer, verifier = tool_graph.EdgeProposer(cfg.sft, run.model), tool_graph.ChainVerifier(cfg.sft, run.model)
+            proposer, verifier = chains.EdgeProposer(cfg.sft, run.model), chains.ChainVerifier(cfg.sft, run.model)
             t0 = time.perf_counter()
-            edges, _ = await tool_graph.propose_edges(result.servers, by_server, proposer)
+            edges, _ = await chains.propose_edges(result.servers, by_server, proposer)
             out["graph_edges_compute_s"] = round(time.perf_counter() - t0, 2)
             t1 = time.perf_counter()
             out["edges"] = tool_graph.save_edges(wh, edges)
@@ -126,7 +126,7 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
 
             t0 = time.perf_counter()
             graphs = tool_graph.load_graphs(wh, result.servers)
-            batch = await tool_graph.sample_chains(result.servers, by_server, graphs, verifier, cfg.sft, seed, "bench",
+            batch = await chains.sample_chains(result.servers, by_server, graphs, verifier, cfg.sft, seed, "bench",
                                                    run.provenance(seed))
         out["chain_sampling_s"] = round(time.perf_counter() - t0, 2)
         out["chains"] = len(batch.chains)

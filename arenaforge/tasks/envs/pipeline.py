@@ -30,7 +30,7 @@ from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import EnvDraft, assemble
 from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, judge_one, verify_batch
 from arenaforge.tasks.run_scope import RunScope
-from arenaforge.warehouse.db import Warehouse
+from arenaforge.warehouse import lookups
 
 
 class EnvsSpec(BaseModel):
@@ -108,15 +108,9 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
     if not qa_ids:
         return {"environments": 0}
     seed = run.cfg.seed if spec.seed is None else spec.seed
-    instances = await asyncio.to_thread(_load_qas, run.wh, qa_ids)
+    instances = await asyncio.to_thread(lookups.by_ids, run.wh, QAInstance, qa_ids)
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     return await _build(run, spec, instances, sources, seed, embed, timings if timings is not None else {})
-
-
-def _load_qas(wh: Warehouse, ids: list[str]) -> list[QAInstance]:
-    with wh.connect() as con:
-        rows = con.execute("SELECT record FROM qa_instances WHERE list_contains(?, id) ORDER BY id", [ids]).fetchall()
-    return [QAInstance.model_validate_json(r[0]) for r in rows]
 
 
 async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sources: dict[str, KnowledgeSource],

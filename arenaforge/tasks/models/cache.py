@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from arenaforge.tasks.models.base import ChatResponse
+from arenaforge.warehouse import lookups
 from arenaforge.warehouse.buffer import BufferedTableWriter
 from arenaforge.warehouse.db import Warehouse
 
@@ -32,8 +33,7 @@ class ResponseCache:
     def _load(self) -> dict[str, str]:
         with self._lock:
             if self._entries is None:
-                _, rows = self.wh.query("SELECT key, response FROM llm_cache WHERE model = ?", [self.model])
-                self._entries = {k: v for k, v in rows}
+                self._entries = lookups.cached_responses(self.wh, self.model)
             return self._entries
 
     def get(self, key: str) -> ChatResponse | None:

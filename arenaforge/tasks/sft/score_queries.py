@@ -51,9 +51,9 @@ class QueryScorer:
         self.prompt = load_prompt("sft_score_query")
 
     async def score(self, draft: QueryDraft, tools: Sequence[Tool]) -> tuple[dict[str, float], str]:
-        from arenaforge.tasks.sft.tool_graph import _tool_lines
+        from arenaforge.tasks.sft.tool_graph import tool_lines
 
-        text = self.prompt.render(query=draft.query, tools=_tool_lines(tools))
+        text = self.prompt.render(query=draft.query, tools=tool_lines(tools))
         out = await complete_json(self.model, "sft.score_query", [{"role": "user", "content": text}], SCORE_SCHEMA,
                                   inputs=ScoreInputs(draft, tuple(tools)))
         return {k: _clip(float(out[k])) for k in SCORES}, str(out.get("rationale", ""))

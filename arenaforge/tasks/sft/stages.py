@@ -16,9 +16,10 @@ from typing import Any
 from arenaforge.schemas.models import Rejection, Server, Task, Tool, ToolChain, Trajectory
 from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.sft import agent as sft_agent
+from arenaforge.tasks.sft import chains, ingest_tools, judge_trajectories, score_queries, synthesize_queries, tool_graph
 from arenaforge.tasks.sft import export as export_sft
-from arenaforge.tasks.sft import ingest_tools, judge_trajectories, score_queries, synthesize_queries, tool_graph
 from arenaforge.tasks.sft.tool_simulator import has_code, simulator_factory
+from arenaforge.warehouse import lookups
 
 
 def _stamp(rejections: Sequence[Rejection], run_id: str | None) -> list[Rejection]:
@@ -41,8 +42,8 @@ async def ingest(run: RunScope, paths: Sequence[str] = (), mcp: Sequence[str] = 
 # --------------------------------------------------------------------------- graph
 async def build_graphs(run: RunScope, servers: Sequence[str] = ()) -> dict[str, int]:
     server_list, tools = await asyncio.to_thread(tool_graph.load_servers, run.wh, servers or None)
-    proposer = tool_graph.EdgeProposer(run.cfg.sft, run.model)
-    edges, rejections = await tool_graph.propose_edges(server_list, tools, proposer)
+    proposer = chains.EdgeProposer(run.cfg.sft, run.model)
+    edges, rejections = await chains.propose_edges(server_list, tools, proposer)
     n = await asyncio.to_thread(tool_graph.save_edges, run.wh, edges)
     if rejections:
         await asyncio.to_thread(run.wh.upsert, _stamp(rejections, run.run_id))
@@ -53,8 +54,8 @@ async def sample_chains(run: RunScope, servers: Sequence[str] = (), seed: int = 
     wh, run_id = run.wh, run.run_id
     server_list, tools = await asyncio.to_thread(tool_graph.load_servers, wh, servers or None)
     graphs = await asyncio.to_thread(tool_graph.load_graphs, wh, server_list)
-    verifier = tool_graph.ChainVerifier(run.cfg.sft, run.model)
-    batch = await tool_graph.sample_chains(server_list, tools, graphs, verifier, run.cfg.sft, seed, run_id,
+    verifier = chains.ChainVerifier(run.cfg.sft, run.model)
+    batch = await chains.sample_chains(server_list, tools, graphs, verifier, run.cfg.sft, seed, run_id,
                                            run.provenance(seed))
     await asyncio.to_thread(wh.upsert, [*batch.chains, *_stamp(batch.rejections, run_id)])
     verified = [c.id for c in batch.chains if c.verified]
@@ -67,7 +68,7 @@ async def synthesize_tasks(run: RunScope, chain_ids: Sequence[str], servers: Seq
     """Chain-conditioned tasks for the chains, plus (server_only) server-only tasks for `servers` (empty = all);
     scored, accepted or not."""
     cfg, wh, run_id = run.cfg, run.wh, run.run_id
-    chains = wh.load(ToolChain, where="id = ANY(?)", params=[list(chain_ids)]) if chain_ids else []
+    chains = lookups.by_ids(wh, ToolChain, chain_ids)
     server_list, tools = tool_graph.load_servers(wh, servers or None)
     by_name = {s.name: s for s in server_list}
     chains = [c for c in chains if c.server in by_name]
@@ -92,9 +93,9 @@ async def synthesize_tasks(run: RunScope, chain_ids: Sequence[str], servers: Seq
 # --------------------------------------------------------------------------- trajectories
 async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0) -> tuple[list[str], dict[str, int]]:
     cfg, wh, run_id = run.cfg, run.wh, run.run_id
-    tasks = wh.load(Task, where="id = ANY(?)", params=[list(task_ids)]) if task_ids else []
+    tasks = lookups.by_ids(wh, Task, task_ids)
     chain_ids = sorted({t.chain_id for t in tasks if t.chain_id})
-    chains = {c.id: c for c in wh.load(ToolChain, where="id = ANY(?)", params=[chain_ids])} if chain_ids else {}
+    chains = {c.id: c for c in lookups.by_ids(wh, ToolChain, chain_ids)}
     server_list, tools = tool_graph.load_servers(wh, sorted({t.server for t in tasks})) if tasks else ([], {})
     servers = {s.name: s for s in server_list}
     needs_sandbox = any(has_code(tools[s]) and not servers[s].launch for s in servers)
@@ -113,11 +114,11 @@ async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0
 
 async def judge(run: RunScope, trajectory_ids: Sequence[str]) -> tuple[list[str], dict[str, int]]:
     wh, run_id = run.wh, run.run_id
-    trajectories = wh.load(Trajectory, where="id = ANY(?)", params=[list(trajectory_ids)]) if trajectory_ids else []
+    trajectories = lookups.by_ids(wh, Trajectory, trajectory_ids)
     task_ids = sorted({t.task_id for t in trajectories})
-    tasks = {t.id: t for t in wh.load(Task, where="id = ANY(?)", params=[task_ids])} if task_ids else {}
+    tasks = {t.id: t for t in lookups.by_ids(wh, Task, task_ids)}
     chain_ids = sorted({t.chain_id for t in tasks.values() if t.chain_id})
-    chains = {c.id: c for c in wh.load(ToolChain, where="id = ANY(?)", params=[chain_ids])} if chain_ids else {}
+    chains = {c.id: c for c in lookups.by_ids(wh, ToolChain, chain_ids)}
     scores, rejections = await judge_trajectories.judge_trajectories(
         trajectories, tasks, chains, judge_trajectories.TrajectoryJudge(run.model), run.cfg.sft.keep_threshold,
         run_id, run.provenance())

@@ -106,7 +106,7 @@ class QueryWriter:
 
     async def write(self, server: Server, tools: Sequence[Tool], chain: ToolChain | None,
                     rng: random.Random) -> list[QueryDraft]:
-        from arenaforge.tasks.sft.tool_graph import _tool_lines
+        from arenaforge.tasks.sft.tool_graph import tool_lines
 
         by_name = {t.function.name: t for t in tools}
         steps = [by_name[n] for n in chain.tools] if chain else list(tools)
@@ -114,7 +114,7 @@ class QueryWriter:
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
         text = self.write_prompt.render(server=server.title or server.name, description=server.description,
-                                        tools=_tool_lines(steps), instruction=instruction)
+                                        tools=tool_lines(steps), instruction=instruction)
         answer = await complete_json(self.model, "sft.write_query", [{"role": "user", "content": text}], QUERY_SCHEMA,
                                      inputs=WriteInputs(server, tuple(tools), chain, rng))
         names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)

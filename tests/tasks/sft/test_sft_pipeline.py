@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.models import offline_model, run_stage
-
 import asyncio
 import json
 import random
@@ -17,6 +15,7 @@ from arenaforge.schemas.models import JudgeScore, Rejection, Task, Trajectory
 from arenaforge.tasks.sft import stages as sft_stages
 from arenaforge.tasks.sft.ingest_tools import ingest_paths
 from arenaforge.tasks.sft.tool_simulator import Simulator, output_problem, sample_value
+from tests.support.models import offline_model, run_stage
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
 

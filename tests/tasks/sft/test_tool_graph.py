@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from tests.support.models import run_stage
-
 import asyncio
 import random
 from collections import Counter
@@ -15,9 +13,10 @@ import pytest
 
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import FunctionDoc, Tool
+from arenaforge.tasks.sft import chains, tool_graph
 from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.tasks.sft import tool_graph
 from arenaforge.tasks.sft.ingest_tools import ingest_paths
+from tests.support.models import run_stage
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
 
@@ -55,7 +54,7 @@ def test_embedding_similarity_links_related_names_but_never_different_ids():
         "town": {"type": "string"}, "cart_id": {"type": "string"}}})
     b = tool("forecast", {"city": {"type": "string"}}, None)
     c = tool("pay", {"order_id": {"type": "string"}}, None)
-    edges = tool_graph.dataflow_edges([a, b, c], threshold=0.6, similarity=tool_graph._embedding_similarity)
+    edges = tool_graph.dataflow_edges([a, b, c], threshold=0.6, similarity=tool_graph.embedding_similarity)
     assert _pairs(edges) == {("locate", "forecast")}
     assert "embedding" in edges[0].evidence
 
@@ -127,7 +126,7 @@ def test_openai_graph_proposes_and_verifies_with_votes_and_back_translation(scri
     from tests.support.models import http_model as chat_model
 
     with chat_model(cfg.model) as model:
-        proposer, verifier = tool_graph.EdgeProposer(cfg.sft, model), tool_graph.ChainVerifier(cfg.sft, model)
+        proposer, verifier = chains.EdgeProposer(cfg.sft, model), chains.ChainVerifier(cfg.sft, model)
         edges, rejections = asyncio.run(proposer.propose(servers["weather"], tools["weather"]))
         assert rejections == []
         pairs = {(e.src, e.dst): e.origin for e in edges}
