@@ -27,7 +27,7 @@ from decimal import Decimal
 from typing import Any
 
 from arenaforge.schemas.base import Provenance
-from arenaforge.schemas.errors import ParseError, ProviderError
+from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import QAInstance, Rejection, SubQA
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json
@@ -294,11 +294,8 @@ class QASynthesizer:
             except NoAnswer as err:
                 return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail,
                                  payload=err.payload)
-            except ParseError as err:
-                return Rejection(stage="decompose_qa", subject=subject, reason="invalid_model_output", detail=str(err))
-            except ProviderError as err:
-                return Rejection(stage="decompose_qa", subject=subject, reason="provider_error", detail=str(err),
-                                 environment_failure=True)
+            except ProviderError as err:  # invalid output or a failed endpoint: the error's kind says which
+                return Rejection.of_error("decompose_qa", subject, err)
             args = (source, answer, inputs.seed_question, subject, self.prompt.hash, self.model)
             # Evidence SQL that must reach DuckDB (~1 ms each; it releases the GIL) runs off the
             # event loop, where every ms is a ms no request goes out; memoised lookups stay inline,

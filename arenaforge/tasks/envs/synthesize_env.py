@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from arenaforge.schemas.errors import ParseError, ProviderError, SandboxError
+from arenaforge.schemas.errors import FailureKind, ParseError, ProviderError, SandboxError
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.check_env import check_environment
@@ -47,9 +47,9 @@ async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_a
     history: list[str] = []
     last_reason = "sandbox_verification_failed"
 
-    def reject(reason: str, detail: str, env_failure: bool = False) -> Rejection:
+    def reject(reason: str, detail: str, kind: FailureKind = FailureKind.QUALITY) -> Rejection:
         return Rejection(stage="synthesize_env", subject=qa.id, reason=reason, detail=detail[:2000], parents=[qa.id],
-                         run_id=run_id, environment_failure=env_failure, payload={"attempts": history[-6:]})
+                         run_id=run_id, kind=kind, payload={"attempts": history[-6:]})
 
     for attempt in range(max_attempts + 1):
         todo = [sub for sub in subs if sub.index not in built]
@@ -67,7 +67,7 @@ async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_a
                 feedback[sub.index] = f"the answer was not valid JSON for the schema: {got}"
                 last_reason = "invalid_model_output"
             elif isinstance(got, ProviderError):
-                return reject("provider_error", str(got), env_failure=True)
+                return reject("provider_error", str(got), got.kind)
             else:
                 raise got
         if len(built) < len(subs):
@@ -84,7 +84,7 @@ async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_a
         try:
             result = await check_environment(pool, env, {t.name: t.probes for t in tools})
         except SandboxError as err:
-            return reject("sandbox_failure", str(err), env_failure=True)
+            return reject("sandbox_failure", str(err), err.kind)
         if result.ok:
             return draft
         history.append(f"attempt {attempt}: " + "; ".join(result.details)[:600])
@@ -93,4 +93,5 @@ async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_a
             if built[sub.index].name in result.failing_tools or not result.checks.get("imports", True):
                 feedback[sub.index] = "; ".join(result.details)[:600]
                 built.pop(sub.index)
-    return reject(last_reason, " | ".join(history))
+    return reject(last_reason, " | ".join(history),
+                  FailureKind.INVALID_OUTPUT if last_reason == "invalid_model_output" else FailureKind.QUALITY)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arenaforge.environments.reward import answer_matches, normalise
-from arenaforge.schemas.errors import ParseError, ProviderError
+from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.kinds_envs import QAVerification
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.decompose_qa import hop_level, qa_payload
@@ -126,12 +126,8 @@ async def judge_one(judge: QAJudge, qa: QAInstance, run_id: str | None = None) -
     """One instance's judgement, or the rejection a failed model answer becomes."""
     try:
         return await judge.judge(qa)
-    except ParseError as err:
-        return Rejection(stage="verify_qa", subject=qa.id, reason="invalid_model_output", detail=str(err),
-                         parents=[qa.id], run_id=run_id)
-    except ProviderError as err:
-        return Rejection(stage="verify_qa", subject=qa.id, reason="provider_error", detail=str(err),
-                         parents=[qa.id], run_id=run_id, environment_failure=True)
+    except ProviderError as err:  # invalid output or a failed endpoint: the error's kind says which
+        return Rejection.of_error("verify_qa", qa.id, err, parents=[qa.id], run_id=run_id)
 
 
 async def verify_batch(judge: QAJudge, instances: list[QAInstance], rule: KeepRule, min_hops: int, max_hops: int,

@@ -55,6 +55,7 @@ class ChatResponse(Frozen):
     cached: bool = False
     attempts: int = 1
     reasks: int = 0
+    wasted_tokens: int = Field(default=0, description="Tokens of answers thrown away (re-asked for breaking the schema).")
 
 
 class NoAnswer(Exception):

@@ -19,16 +19,18 @@ from typing import Any
 
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import Config
-from arenaforge.schemas.errors import ParseError, ProviderError
+from arenaforge.schemas.errors import ProviderError, SandboxError
 from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool, ToolChain, Trajectory
+from arenaforge.schemas.reasons import RejectReason
 from arenaforge.tasks.models import ChatModel, ChatRequest
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
 
 
-class EnvironmentFailure(Exception):
-    """A tool call failed because its infrastructure did (not the tool's answer, not the agent's call)."""
+class EnvironmentFailure(SandboxError):
+    """A tool call failed because its infrastructure did (the MCP server or sandbox worker, not the tool's answer,
+    not the agent's call)."""
 
 
 @dataclass
@@ -129,15 +131,14 @@ async def run_episodes(tasks: Sequence[Task], servers: dict[str, Server], tools:
             async with open_executor(server, server_tools, make_simulator, rng, task.id, cfg, sandbox_pool) as executor:
                 try:
                     episode = await agent.run(server, server_tools, task, chain, executor, rng)
-                except (ParseError, ProviderError) as err:
+                except ProviderError as err:
                     batch.rejections += executor.log.rejections
-                    batch.rejections.append(Rejection(stage="trajectory", subject=task.id, reason="model_failed",
-                                                      detail=str(err)[:1000], run_id=run_id))
+                    batch.rejections.append(Rejection.of_error("trajectory", task.id, err, run_id=run_id))
                     return
                 except EnvironmentFailure as err:  # the tools' infrastructure failed, not the agent: not SFT data
                     batch.rejections += executor.log.rejections
-                    batch.rejections.append(Rejection(stage="trajectory", subject=task.id, reason="environment_failure",
-                                                      detail=str(err)[:1000], run_id=run_id, environment_failure=True))
+                    batch.rejections.append(Rejection.of_error("trajectory", task.id, err, run_id=run_id,
+                                                               reason=RejectReason.ENVIRONMENT_FAILURE))
                     return
             log = executor.log
             batch.rejections += [r.model_copy(update={"run_id": run_id}) for r in log.rejections]

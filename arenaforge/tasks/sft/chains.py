@@ -22,8 +22,8 @@ from arenaforge.tasks.models import ChatModel, complete_json
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import (
     Edge,
-    embedding_similarity,
     dataflow_edges,
+    embedding_similarity,
     sample_walk,
     server_rng,
     tool_lines,
@@ -63,7 +63,7 @@ class EdgeProposer:
             answer = await complete_json(self.model, "sft.propose_chains", [{"role": "user", "content": text}], CHAINS_SCHEMA,
                                          inputs=ServerTools(server, tuple(tools)))
         except (ParseError, ProviderError) as err:
-            return edges, [Rejection(stage="graph", subject=server.name, reason="model_failed", detail=str(err))]
+            return edges, [Rejection.of_error("graph", server.name, err)]
         pairs: dict[tuple[str, str], int] = {}
         unknown = []
         for chain in answer["chains"]:

@@ -72,8 +72,7 @@ async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str
     scores, rejections = [], []
     for t, result in zip(trajectories, results, strict=True):
         if isinstance(result, (ParseError, ProviderError)):
-            rejections.append(Rejection(stage="judge", subject=t.id, reason="model_failed", detail=str(result)[:1000],
-                                        run_id=run_id))
+            rejections.append(Rejection.of_error("judge", t.id, result, run_id=run_id))
             continue
         if isinstance(result, BaseException):
             raise result

@@ -74,8 +74,7 @@ async def score_drafts(drafts: Sequence[QueryDraft], tools: dict[str, list[Tool]
     rejections: list[Rejection] = []
     for draft, result in zip(drafts, results, strict=True):
         if isinstance(result, (ParseError, ProviderError)):
-            rejections.append(Rejection(stage="score_query", subject=draft.query[:200], reason="model_failed",
-                                        detail=str(result)[:1000], run_id=run_id))
+            rejections.append(Rejection.of_error("score_query", draft.query[:200], result, run_id=run_id))
             continue
         if isinstance(result, BaseException):
             raise result

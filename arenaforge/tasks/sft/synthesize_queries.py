@@ -139,8 +139,7 @@ async def write_queries(jobs: Sequence[tuple[Server, Sequence[Tool], ToolChain |
     rejections: list[Rejection] = []
     for (server, _, chain, _), result in zip(jobs, results, strict=True):
         if isinstance(result, (ParseError, ProviderError)):
-            rejections.append(Rejection(stage="write_query", subject=chain.id if chain else server.name,
-                                        reason="model_failed", detail=str(result)[:1000]))
+            rejections.append(Rejection.of_error("write_query", chain.id if chain else server.name, result))
         elif isinstance(result, BaseException):
             raise result
         else:
