@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from arenaforge.environments.runtime import EnvironmentFailure, Overloaded, SessionLost, WorkerLost
+from arenaforge.schemas.errors import FailureKind
 from arenaforge.schemas.models import ToolObservation
 from tests.environments.conftest import PoolHandle, frozen, start_pool
 from tests.environments.toolsets import adversarial_env, retail_functions_env
@@ -130,7 +131,7 @@ def test_a_worker_dying_mid_call_is_worker_lost_not_the_tools_fault(one_worker: 
         return None
 
     failure = one_worker.run(scenario())
-    assert isinstance(failure, WorkerLost) and failure.kind == "worker_lost"
+    assert isinstance(failure, WorkerLost) and failure.failure == "worker_lost" and failure.kind == FailureKind.INFRASTRUCTURE
 
 
 def test_a_starved_call_is_overloaded_and_a_long_one_is_a_timeout(one_worker: PoolHandle) -> None:

@@ -16,11 +16,13 @@ starts again from its environment's initial state at its next call.
 
 from __future__ import annotations
 
-from arenaforge.schemas.errors import ConfigError, SandboxError
+from arenaforge.schemas.errors import ConfigError, FailureKind, SandboxError
 
 
 class EnvLoadError(SandboxError):
     """An environment's tool code could not be loaded (syntax error, import failure, missing class, too slow)."""
+
+    kind = FailureKind.QUALITY  # the environment's own code, not the sandbox
 
     def __init__(self, env_name: str, detail: str) -> None:
         super().__init__(f"environment {env_name!r}: tool code failed to load:\n{detail}")
@@ -28,33 +30,33 @@ class EnvLoadError(SandboxError):
 
 
 class EnvironmentFailure(SandboxError):
-    """The sandbox failed a request; `kind` says how (overloaded, worker_lost, state_lost, isolation, spawn)."""
+    """The sandbox failed a request (`kind` infrastructure); `failure` says how."""
 
-    kind = "sandbox"
+    failure = "sandbox"
 
     def __init__(self, detail: str) -> None:
-        super().__init__(f"sandbox failure ({self.kind}): {detail}")
+        super().__init__(f"sandbox failure ({self.failure}): {detail}")
         self.detail = detail
 
 
 class Overloaded(EnvironmentFailure):
-    kind = "overloaded"
+    failure = "overloaded"
 
 
 class WorkerLost(EnvironmentFailure):
-    kind = "worker_lost"
+    failure = "worker_lost"
 
 
 class SessionLost(EnvironmentFailure):
-    kind = "state_lost"
+    failure = "state_lost"
 
 
 class IsolationFailure(EnvironmentFailure):
-    kind = "isolation"
+    failure = "isolation"
 
 
 class SpawnFailure(EnvironmentFailure):
-    kind = "spawn"
+    failure = "spawn"
 
 
 # the worker's `failure` codes (worker/protocol.py FAILURES) -> what the pool raises
