@@ -1,13 +1,14 @@
 """Whose fault is a late reply: the tool's (it ran too long) or the machine's (it never got a CPU).
 
 A request's deadline is the tool's own time: running, sleeping or blocked, but not waiting for a
-CPU. A request still in flight after a quarter of its limit is sampled every eighth of it (CPU
-seconds and scheduler state, from /proc); an interval in which the session stayed runnable but did
-not get the CPU is starvation and is given back, up to `stretch` times the limit. (The kernel adds a
-task's run-queue delay only once it runs again, and a CPU quota's throttling not at all, so it is
-sampled.) A tool that used up its own time, or that was starved but still burned 1/`stretch` of its
-limit on a CPU, ran too long: `timeout`, the tool's fault. One that barely got a CPU in the whole
-window was starved: `overloaded`, the sandbox's fault.
+CPU. A request still in flight after a quarter of its limit is sampled then and every eighth of the
+limit after (CPU seconds and scheduler state, from /proc; that first quarter counts as its own). An
+interval in which the session stayed runnable but did not get the CPU is starvation and is given
+back, up to `stretch` times the limit. (The kernel adds a task's run-queue delay only once it runs
+again, and a CPU quota's throttling not at all, so it is sampled.) A tool that used up its own
+time, or that was starved but still burned 1/`stretch` of its limit on a CPU, ran too long:
+`timeout`, the tool's fault. One that barely got a CPU in the whole window was starved:
+`overloaded`, the sandbox's fault.
 """
 
 from . import policy
@@ -18,13 +19,10 @@ class RequestClock:
 
     __slots__ = ("budget", "started", "own", "ran", "sampled", "cpu", "state")
 
-    def __init__(self, budget: float, now: float, pid: int) -> None:
+    def __init__(self, budget: float, now: float) -> None:
         self.budget, self.started = budget, now
         self.own = self.ran = 0.0  # the request's own time and CPU time so far
-        self.sampled, self.cpu, self.state = now, 0.0, ""
-        sample = policy.cpu_state(pid) if pid else None
-        if sample is not None:
-            self.cpu, self.state = sample
+        self.sampled, self.cpu, self.state = now, -1.0, ""  # no sample yet: a call costs no /proc read until it is slow
 
     def first_check(self) -> float:
         return self.started + self.budget / 4  # trivial requests are answered long before
@@ -37,6 +35,10 @@ class RequestClock:
             self.own += interval if pid else 0.0
             return
         cpu, state = sample
+        if self.cpu < 0:  # the first sample, a quarter into the limit: that quarter counts as the tool's own time
+            self.cpu, self.state = cpu, state
+            self.own += interval
+            return
         ran, self.cpu = max(0.0, cpu - self.cpu), cpu
         starved = state == "R" and self.state == "R"  # runnable at both ends: what it did not run, it waited
         self.state = state

@@ -255,7 +255,7 @@ class SessionServer:
 
     def _arm(self, sess: Session, req: dict, budget: float) -> None:
         sess.pending, sess.serial = req, next(self.serials)
-        sess.clock = RequestClock(budget, time.monotonic(), sess.pid)
+        sess.clock = RequestClock(budget, time.monotonic())
         self._check_at(sess, sess.clock.first_check())
 
     def _check_at(self, sess: Session, when: float) -> None:
