@@ -31,11 +31,11 @@ def _channel():
             pass
 
 def _nonce():
-    frame = sys._getframe()  # the serving loop's request header, read from its frame
+    frame = sys._getframe()  # the serving loop's request, read from its frame
     while frame is not None:
-        head = frame.f_locals.get("head")
-        if isinstance(head, dict) and "nonce" in head:
-            return head["nonce"]
+        req = frame.f_locals.get("req")
+        if isinstance(req, dict) and "nonce" in req:
+            return req["nonce"]
         frame = frame.f_back
 
 def _send(*messages):

@@ -335,10 +335,13 @@ class Pool:
         last: BaseException | None = None
         for _ in range(3):
             worker = await self._pick_worker(key)
+            worker.sessions.add(session.id)  # counted at once, so concurrent opens spread over the workers
             try:
                 loaded = await self._load(worker, session.template)
-                worker.sessions.add(session.id)
                 reply = await worker.request({"op": "open", "sid": session.id, "key": key}, timeout=self._open_deadline())
+            except EnvironmentFailure:
+                worker.sessions.discard(session.id)
+                raise
             except WorkerGone as err:
                 worker.sessions.discard(session.id)
                 last = err

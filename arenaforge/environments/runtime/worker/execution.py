@@ -24,7 +24,7 @@ import sys
 import traceback
 import types
 
-from .protocol import Reader, cap, encode, scrub
+from .protocol import clean, encode
 
 TOOLS_FILE = "tools.py"
 LOADERS = ("_load_scenario", "load_scenario", "load_state", "_load_state", "load")
@@ -206,24 +206,23 @@ def call(tools: Tools, name: str, args: object, limit: int) -> dict:
 
 def _reply(tools: Tools, outcome: str, value: object, error: str | None, trace: str | None,
            capture: CappedWriter, limit: int) -> dict:
-    printed = scrub(capture.value())
     truncated = False
     if outcome == "ok":
         shown = value is not None or tools.render_none
-        text = scrub(str(tools.render(value))) if shown else printed
-        text, truncated = cap(text, limit)
-        if not shown and capture.dropped:
-            text, truncated = text + f"\n...[truncated: {capture.dropped} more characters]", True
+        if shown:
+            text, truncated = clean(str(tools.render(value)), limit)
+        else:
+            text, truncated = clean(capture.value(), limit, capture.dropped)
         if not text.strip():
             outcome = "no_output"
     else:
-        text = cap(printed, limit)[0]
-        error = cap(scrub(str(error)), limit)[0]
+        text = clean(capture.value(), limit)[0]
+        error = clean(str(error), limit)[0]
     return {"outcome": outcome, "output": text, "error": error,
-            "traceback": cap(scrub(trace), limit)[0] if trace else None, "truncated": truncated}
+            "traceback": clean(trace, limit)[0] if trace else None, "truncated": truncated}
 
 
-def serve(conn, template: dict, limit: int, max_body: int) -> None:
+def serve(conn, template: dict, limit: int) -> None:
     """A session's loop: load the tool code, report readiness, then answer calls until the worker hangs up."""
     import os
 
@@ -233,28 +232,23 @@ def serve(conn, template: dict, limit: int, max_body: int) -> None:
         reply: dict = {"nonce": nonce, "ready": True}
     except BaseException as err:  # noqa: BLE001 - load failures are reported, not raised
         tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        tools, reply = None, {"nonce": nonce, "ready": False, "error": cap(scrub(tb), limit)[0]}
+        tools, reply = None, {"nonce": nonce, "ready": False, "error": clean(tb, limit)[0]}
     template.clear()  # the state stays reachable only through the tools
     conn.sendall(encode(reply))
     if tools is None:
         os._exit(0)
     me = os.getpid()
-    reader = Reader(max_body)
+    requests = conn.makefile("rb")
     while True:
-        data = conn.recv(1 << 20)
-        if not data:
+        line = requests.readline()
+        if not line:
             os._exit(0)
-        for head, body in reader.feed(data):
-            try:
-                args = json.loads(body) if body else {}
-            except (ValueError, RecursionError) as err:
-                out = {"outcome": "error", "output": "", "error": f"the arguments are not JSON: {err}"}
-            else:
-                out = call(tools, str(head.get("tool")), args, limit)
-            if os.getpid() != me:  # a process the tool forked came back up to here: it must not answer
-                os._exit(0)
-            out["nonce"] = head.get("nonce")
-            conn.sendall(encode(out))
+        req = json.loads(line)  # {"nonce", "tool", "args"}, from the worker
+        out = call(tools, str(req.get("tool")), req.get("args"), limit)
+        if os.getpid() != me:  # a process the tool forked came back up to here: it must not answer
+            os._exit(0)
+        out["nonce"] = req.get("nonce")
+        conn.sendall(encode(out))
 
 
 def run_once() -> None:

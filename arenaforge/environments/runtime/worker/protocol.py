@@ -1,13 +1,14 @@
 """The worker's wire format and the checks on everything it reads.
 
-Every message is one JSON header line. A header with `"body": N` is followed by N raw bytes that
-the receiver takes as they are: the environment payload of `load`, the arguments of `call`. So the
-worker never parses a multi-megabyte state or argument on its event loop; it forwards the bytes.
+Every message is one JSON header line. From the pool, a header with `"body": N` is followed by N raw
+bytes the worker takes as they are: the environment payload of `load`, the arguments of `call`. So
+the worker never parses a multi-megabyte state or argument on its event loop: it forks the payload
+into a zygote, and splices the arguments into the line it sends the session.
 
     pool -> worker   {"id", "op": "hello"|"ping"|"load"|"unload"|"open"|"call"|"close", ...} [+ body]
     worker -> pool   {"id", "ok": ...} | {"id", "outcome", "output", "error", "traceback", "truncated"}
                      | {"id", "failure": FAILURE, "error"}    (the sandbox failed, not the tool)
-    worker -> session  {"nonce", "tool", "body": N} + N bytes of arguments
+    worker -> session  {"nonce", "tool", "args"}   (the arguments spliced in as the pool sent them, unparsed)
     session -> worker  {"nonce", "ready": true} | {"nonce", "ready": false, "error"}
                      | {"nonce", "outcome", "output", "error", "traceback", "truncated"}
 
@@ -32,31 +33,22 @@ class ProtocolError(ValueError):
     """Bytes that are not a message of this protocol."""
 
 
-def scrub(text: str) -> str:
-    """`text` as valid UTF-8: lone surrogates (which json.loads accepts from "\\ud800") become U+FFFD."""
+def clean(text: str, limit: int, dropped: int = 0) -> tuple[str, bool]:
+    """`text` as valid UTF-8 (a lone surrogate, which json.loads accepts from "\\ud800", becomes U+FFFD), cut to at
+    most `limit` bytes plus a marker saying how much was dropped (`dropped` more were dropped before); and whether cut."""
     try:
-        text.encode("utf-8")
-        return text
+        data = text.encode("utf-8")
     except UnicodeEncodeError:  # rare: pay for the round trip only then
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-
-
-def cap(text: str, limit: int) -> tuple[str, bool]:
-    """`text` cut to at most `limit` UTF-8 bytes plus a marker saying how much was dropped."""
-    data = text.encode("utf-8")
-    if len(data) <= limit:
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        data = text.encode("utf-8")
+    if len(data) <= limit and not dropped:
         return text, False
-    return data[:limit].decode("utf-8", "ignore") + TRUNCATED.format(len(data) - limit), True
+    return data[:limit].decode("utf-8", "ignore") + TRUNCATED.format(max(0, len(data) - limit) + dropped), True
 
 
 def encode(msg: dict) -> bytes:
-    """One JSON line. Every string in `msg` must be clean (`scrub`) already."""
+    """One JSON line. Every string in `msg` must be clean (`clean`) already."""
     return (json.dumps(msg, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-
-
-def header(msg: dict, body: bytes) -> bytes:
-    """A header line announcing `body`, then the body."""
-    return encode({**msg, "body": len(body)}) + body
 
 
 class Reader:
@@ -114,14 +106,14 @@ def session_reply(line: bytes, nonce: int, limit: int) -> dict | None:
         return None
     if "ready" in msg:
         error = msg.get("error")
-        return {"ready": msg["ready"] is True, "error": cap(scrub(error), 4 * limit)[0] if isinstance(error, str) else None}
+        return {"ready": msg["ready"] is True, "error": clean(error, 4 * limit)[0] if isinstance(error, str) else None}
     outcome = msg.get("outcome")
     texts = [msg.get(k) for k in ("output", "error", "traceback")]
     if outcome not in SESSION_OUTCOMES or not all(t is None or isinstance(t, str) for t in texts):
         return {"outcome": "error", "output": "", "traceback": None, "truncated": False,
                 "error": "the session sent an invalid reply (tool code wrote into its reply channel)"}
-    output, cut_out = cap(scrub(texts[0] or ""), limit + len(TRUNCATED) + 24)
-    error = cap(scrub(texts[1]), limit)[0] if texts[1] is not None else None
-    trace = cap(scrub(texts[2]), limit)[0] if texts[2] is not None else None
+    output, cut_out = clean(texts[0] or "", limit + len(TRUNCATED) + 24)
+    error = clean(texts[1], limit)[0] if texts[1] is not None else None
+    trace = clean(texts[2], limit)[0] if texts[2] is not None else None
     return {"outcome": outcome, "output": output, "error": error, "traceback": trace,
             "truncated": msg.get("truncated") is True or cut_out}

@@ -19,7 +19,7 @@ import time
 
 from . import policy
 from .deadlines import RequestClock
-from .protocol import encode, header, session_reply
+from .protocol import encode, session_reply
 
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
 
@@ -122,7 +122,8 @@ class SessionServer:
         req, body = sess.queue.pop(0)
         sess.nonce = _nonce()
         self._arm(sess, req, float(req.get("timeout") or 5.0))
-        self._send_child(sess, header({"nonce": sess.nonce, "tool": req.get("tool")}, body))
+        tool = json.dumps(str(req.get("tool")), ensure_ascii=False).encode()
+        self._send_child(sess, b'{"nonce":%d,"tool":%s,"args":%s}\n' % (sess.nonce, tool, body or b"{}"))
 
     def _send_child(self, sess: Session, data: bytes) -> None:
         sess.wbuf += data

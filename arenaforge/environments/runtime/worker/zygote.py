@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable
 
 from . import execution, policy
-from .protocol import MAX_HEADER, cap, encode, scrub
+from .protocol import MAX_HEADER, clean, encode
 
 MAX_FD = 4096
 
@@ -152,10 +152,10 @@ def _spawn(fd: int, template: dict, limits: dict, spec: dict, inherited: tuple) 
             policy.isolate(int(spec["uid"]), limits, spec["scratch"])
         except BaseException as err:  # noqa: BLE001 - reported as the sandbox's failure, before any tool code ran
             detail = "".join(traceback.format_exception_only(type(err), err)).strip()
-            conn.sendall(encode({"nonce": spec["nonce"], "failure": "isolation", "error": cap(scrub(detail), 2000)[0]}))
+            conn.sendall(encode({"nonce": spec["nonce"], "failure": "isolation", "error": clean(detail, 2000)[0]}))
             os._exit(0)
         conn.sendall(encode({"nonce": spec["nonce"], "isolated": True}))  # the last message before tool code runs
         template = dict(template, nonce=spec["nonce"])
-        execution.serve(conn, template, int(limits["output_limit"]), int(limits["message_limit"]))
+        execution.serve(conn, template, int(limits["output_limit"]))
     finally:
         os._exit(70)
