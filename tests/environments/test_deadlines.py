@@ -228,12 +228,17 @@ def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: Po
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())
     pool = one_worker.pool
     env = tiny_env()
-    killed: list[asyncio.Task] = []  # holds the task: the loop keeps tasks only weakly
+    killed: list[str] = []
 
     def respond(_prompt: str, turn: int) -> str:
-        if turn == 1:  # the sandbox worker dies between the agent's two calls
-            worker = next(w for w in pool.workers if w is not None and w.alive)
-            killed.append(asyncio.get_running_loop().create_task(worker.transport.kill()))
+        if turn == 1:  # the sandbox worker dies between the agent's two calls (killed here and now)
+            transport = next(w for w in pool.workers if w is not None and w.alive).transport
+            container = getattr(transport, "container", None)
+            if container is not None:
+                container.kill()
+            else:
+                os.killpg(transport.proc.pid, signal.SIGKILL)
+            killed.append(transport.name)
         return call_text("get_capital", country="Freedonia") if turn == 0 else call_text("get_population", city="Quaxton")
 
     async def scenario():
