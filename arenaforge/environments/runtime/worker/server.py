@@ -78,6 +78,7 @@ class Server(SessionServer):
         self.sessions.clear()
         self.by_pid.clear()
         self.templates.clear()
+        self.spawning.clear()
         self.reader = Reader(0)
         self.outq = []
 
@@ -114,6 +115,8 @@ class Server(SessionServer):
         elif op == "unload":
             template = self.templates.pop(req.get("key"), None)
             if template is not None:
+                if template["spare"] is not None:
+                    self._drop(template["spare"])
                 self.sel.unregister(template["ctl"])
                 template["ctl"].close()  # the zygote exits once its last session is gone
             self.reply({"id": rid, "ok": True})
@@ -130,7 +133,8 @@ class Server(SessionServer):
             self.reply({"id": rid, "ok": False, "error": f"unknown op {op!r}"})
 
     def _info(self) -> dict:
-        return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": len(self.sessions), "templates": len(self.templates),
+        sessions = sum(not s.spare for s in self.sessions.values())
+        return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "templates": len(self.templates),
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
                 **self.info_extra}
 
@@ -140,7 +144,8 @@ class Server(SessionServer):
         template = self.templates.get(key)
         if template is None:
             pid, ctl = zygote.start(body, self.limits, self.forget)
-            template = self.templates[key] = {"key": key, "pid": pid, "ctl": ctl, "ready": False, "waiting": []}
+            template = self.templates[key] = {"key": key, "pid": pid, "ctl": ctl, "ready": False, "waiting": [],
+                                              "opens": 0, "spare": None}
             self.sel.register(ctl, selectors.EVENT_READ, ("t", template))
         if template["ready"]:
             self.reply({"id": req["id"], "ok": True})
@@ -159,6 +164,9 @@ class Server(SessionServer):
             template["ctl"].close()
             for rid in template["waiting"]:
                 self.reply({"id": rid, "ok": False, "failure": "spawn", "error": "the template's zygote died"})
+            for serial, sess in list(self.spawning.items()):
+                if sess.key == template["key"]:
+                    del self.spawning[serial]
             return
         msg = json.loads(data)
         if "ready" in msg:
@@ -169,8 +177,9 @@ class Server(SessionServer):
         elif "exit" in msg:
             self._exited(msg["exit"], msg["status"])
         else:
-            sess = self.sessions.get(msg.get("spawned") or msg.get("spawn_failed"))
-            if sess is None or sess.spawn != msg.get("serial"):  # closed meanwhile: make sure it is gone
+            sess = self.spawning.pop(msg.get("serial"), None)
+            if sess is None or self.sessions.get(sess.sid) is not sess or sess.spawn != msg.get("serial"):
+                # closed (or forked again) meanwhile: make sure that process is gone
                 if msg.get("pid"):
                     policy.kill_group(msg["pid"])
                 if msg.get("uid"):
@@ -186,14 +195,43 @@ class Server(SessionServer):
 
     def _open(self, req: dict) -> None:
         sid, key = req["sid"], req["key"]
+        template = self.templates.get(key)
         if sid in self.sessions:
             self.reply({"id": req["id"], "ok": False, "failure": "spawn", "error": "the session exists"})
-        elif not self.templates.get(key, {}).get("ready"):
+        elif template is None or not template["ready"]:
             self.reply({"id": req["id"], "ok": False, "missing": True, "error": "the template is not loaded"})
         else:
-            sess = self.sessions[sid] = Session(sid, key)
-            sess.queue.append(({"id": req["id"], "op": "open"}, b""))
-            self._pump(sess)
+            spare, template["spare"] = template["spare"], None
+            if spare is not None and spare.sock is not None and not spare.lost and not spare.queue:
+                del self.sessions[spare.sid]  # the open is a hand-over: answered now, or when the spare is ready
+                spare.sid, spare.spare = sid, False
+                self.sessions[sid] = spare
+                if spare.pending is None:
+                    self.reply({"id": req["id"], "ok": True})
+                else:
+                    spare.pending["id"] = req["id"]
+            else:
+                if spare is not None:
+                    self._drop(spare)
+                sess = self.sessions[sid] = Session(sid, key)
+                sess.queue.append(({"id": req["id"], "op": "open"}, b""))
+                self._pump(sess)
+            template["opens"] += 1
+            if template["opens"] >= 2:  # a version opened again will be again: have the next one ready
+                self._prepare_spare(template)
+
+    def _prepare_spare(self, template: dict) -> None:
+        """Fork, confine and load one session ahead of its open (it gets a real id when one comes)."""
+        sess = Session(f"~spare-{next(self.serials)}", template["key"])
+        sess.spare = True
+        self.sessions[sess.sid] = template["spare"] = sess
+        sess.queue.append(({"id": None, "op": "open"}, b""))
+        self._pump(sess)
+
+    def _drop(self, sess: Session) -> None:
+        if self.sessions.get(sess.sid) is sess:
+            del self.sessions[sess.sid]
+        self._kill(sess)
 
     def _reap(self) -> None:
         """Kill helpers, zygotes, and session processes orphaned by a zygote's death."""

@@ -26,7 +26,7 @@ DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that 
 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
-                 "nonce", "serial", "spawn", "deadline", "clock", "isolated", "status", "dying", "watching")
+                 "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -40,6 +40,7 @@ class Session:
         self.deadline = 0.0
         self.clock: RequestClock | None = None
         self.isolated = self.dying = self.watching = False
+        self.spare = False  # forked ahead of an open (server._prepare_spare)
         self.status: int | None = None
 
 
@@ -50,7 +51,8 @@ class SessionServer:
         self.limits: dict = {}
         self.sel = selectors.DefaultSelector()
         self.sessions: dict[str, Session] = {}
-        self.templates: dict[str, dict] = {}  # key -> {"pid", "ctl", "ready", "waiting": [rid]}
+        self.templates: dict[str, dict] = {}  # key -> {"pid", "ctl", "ready", "waiting": [rid], "opens", "spare"}
+        self.spawning: dict[int, Session] = {}  # spawn serial -> session, until the zygote says which pid
         self.by_pid: dict[int, Session] = {}
         self.helpers: dict[int, int] = {}  # kill-helper pid -> the uid it sweeps (reserved until it is done)
         self.uids_used: set[int] = set()
@@ -87,10 +89,12 @@ class SessionServer:
         sess.spawn, sess.nonce = next(self.serials), _nonce()
         ours, theirs = socket.socketpair()
         spec = {"sid": sess.sid, "uid": sess.uid, "scratch": sess.scratch, "nonce": sess.nonce, "serial": sess.spawn}
+        self.spawning[sess.spawn] = sess
         try:
             socket.send_fds(template["ctl"], [encode(spec)], [theirs.fileno()])
         except OSError as err:
             ours.close()
+            del self.spawning[sess.spawn]
             self._finish(sess, "spawn", f"the template's zygote is gone: {err}", req)
             return
         finally:
