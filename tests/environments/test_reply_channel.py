@@ -141,6 +141,23 @@ def test_a_flood_into_the_channel_restarts_only_that_session(sandbox: PoolHandle
     assert neighbour_status == "cancelled" and replaced == 0
 
 
+def test_odd_tool_names_and_arguments_are_the_callers_error(sandbox: PoolHandle) -> None:
+    pool = sandbox.pool
+
+    async def scenario() -> list[ToolObservation]:
+        session = await pool.open(abuse_env())
+        out = [await pool.call(session, "ok\ud800", {}), await pool.call(session, "echo", {"blob": "a\ud800"}),
+               await pool.call(session, "echo", {"blob": {1, 2}}), await pool.call(session, "ok", {})]  # type: ignore[dict-item]
+        await pool.close(session)
+        return out
+
+    name, surrogate_arg, not_json, after = sandbox.run(scenario())
+    assert name.outcome == "error" and "unknown tool" in (name.error or "")
+    assert surrogate_arg.outcome == "error" and "not JSON" in (surrogate_arg.error or "")
+    assert not_json.outcome == "error" and "not JSON" in (not_json.error or "")
+    assert after.output == "fine"
+
+
 def test_invalid_replies_become_error_observations_not_exceptions() -> None:
     for reply in ({"outcome": "pwned"}, {"outcome": "ok", "output": 5}, {"outcome": "ok", "truncated": "yes", "output": "x"},
                   {}, {"outcome": "error", "error": ["a"]}):

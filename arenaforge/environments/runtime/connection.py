@@ -107,7 +107,7 @@ class WorkerConnection:
         msg["id"] = rid
         if body is not None:
             msg["body"] = len(body)
-        data = (json.dumps(msg, ensure_ascii=False) + "\n").encode()  # TypeError/ValueError: not JSON
+        data = (json.dumps(msg) + "\n").encode()  # headers are small: ASCII-escaped, anything a caller passes encodes
         fut: asyncio.Future[dict] = loop.create_future()
         self.pending[rid] = fut
         self.deadlines[rid] = loop.time() + timeout

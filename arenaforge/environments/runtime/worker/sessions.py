@@ -95,6 +95,7 @@ class SessionServer:
         except OSError as err:
             ours.close()
             del self.spawning[sess.spawn]
+            self.uids_used.discard(sess.uid)
             self._finish(sess, "spawn", f"the template's zygote is gone: {err}", req)
             return
         finally:
@@ -126,7 +127,7 @@ class SessionServer:
         req, body = sess.queue.pop(0)
         sess.nonce = _nonce()
         self._arm(sess, req, float(req.get("timeout") or 5.0))
-        tool = json.dumps(str(req.get("tool")), ensure_ascii=False).encode()
+        tool = json.dumps(str(req.get("tool"))).encode()  # ASCII-escaped: whatever the caller named, it encodes
         self._send_child(sess, b'{"nonce":%d,"tool":%s,"args":%s}\n' % (sess.nonce, tool, body or b"{}"))
 
     def _send_child(self, sess: Session, data: bytes) -> None:
