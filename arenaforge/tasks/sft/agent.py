@@ -111,7 +111,6 @@ class TrajectoryBatch:
     rejections: list[Rejection] = field(default_factory=list)
     faults: int = 0
     calls: int = 0
-    walked: list[tuple[str, str, str]] = field(default_factory=list)  # (server, src, dst) edges used
 
 
 async def run_episodes(tasks: Sequence[Task], servers: dict[str, Server], tools: dict[str, list[Tool]],
@@ -150,9 +149,6 @@ async def run_episodes(tasks: Sequence[Task], servers: dict[str, Server], tools:
                                                   payload=[m.model_dump(mode="json") for m in episode.messages[-2:]],
                                                   run_id=run_id))
                 return
-            called = [c.function.name for m in episode.messages if m.tool_calls for c in m.tool_calls]
-            distinct = list(dict.fromkeys(called))
-            batch.walked += [(task.server, a, b) for a, b in zip(distinct, distinct[1:], strict=False)]
             batch.trajectories.append(Trajectory(
                 task_id=task.id, server=task.server, messages=episode.messages,
                 tools=[t.function for t in server_tools], executor=executor.kind,  # type: ignore[arg-type]
