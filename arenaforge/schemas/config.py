@@ -73,7 +73,7 @@ class SandboxConfig(_Section):
     call_timeout_s: float = Field(
         default=5.0, gt=0, description="A call's own time limit (time spent waiting for a CPU is not counted)."
     )
-    session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session.")
+    session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session (an episode).")
     memory_mb: int = Field(default=512, ge=32, description="Address space of one session process.")
     pids: int = Field(default=64, ge=8, description="Processes one session may run.")
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
@@ -105,7 +105,7 @@ class SandboxConfig(_Section):
 class PrefectConfig(_Section):
     api_url: str | None = Field(default=None, description="Connect to this Prefect API instead of starting one.")
     database_url: str | None = Field(default=None, description="Postgres URL for the server (SQLite when unset).")
-    port: int = Field(default=4200, ge=1, le=65535)
+    port: int = Field(default=4200, ge=1, le=65535, description="Port of the Prefect server `arenaforge serve` starts.")
     work_pool: str = Field(default="arenaforge", description="Process work pool name.")
     home: str = Field(default="./.arenaforge/prefect", description="PREFECT_HOME of the server `arenaforge serve` starts.")
     worker_limit: int = Field(default=4, ge=1, description="Flow runs the worker executes at once.")
@@ -127,7 +127,7 @@ class SftConfig(_Section):
     mcp_call_timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one live MCP tool call.")
     use_embeddings: bool = Field(default=True, description="Graph: also match outputs to parameters by MiniLM similarity.")
     embedding_threshold: float = Field(default=0.65, ge=0, le=1, description="Cosine similarity that counts as a match.")
-    chain_min_len: int = Field(default=1, ge=1)
+    chain_min_len: int = Field(default=1, ge=1, description="Walks have at least this many tools.")
     chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
     chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
     verify_votes: int = Field(default=3, ge=1, description="openai: judges voting on each chain (majority wins).")
@@ -135,9 +135,9 @@ class SftConfig(_Section):
         default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
     )
     server_only_per_server: int = Field(default=1, ge=0, description="Server-only tasks per server and run.")
-    min_clarity: float = Field(default=0.6, ge=0, le=1)
-    min_realism: float = Field(default=0.5, ge=0, le=1)
-    min_tool_necessity: float = Field(default=0.5, ge=0, le=1)
+    min_clarity: float = Field(default=0.6, ge=0, le=1, description="Clarity score a task needs to be kept.")
+    min_realism: float = Field(default=0.5, ge=0, le=1, description="Realism score a task needs to be kept.")
+    min_tool_necessity: float = Field(default=0.5, ge=0, le=1, description="Tool-necessity score a task needs to be kept.")
     fault_rate: float = Field(default=0.2, ge=0, le=1, description="Simulator fault-injection rate (paper: 20%).")
     max_turns: int = Field(default=12, ge=1, description="Agent turns per trajectory.")
     max_retries_per_call: int = Field(default=2, ge=0, description="Offline agent: retries after a failed call.")

@@ -1,8 +1,9 @@
 """Sandbox verification of a drafted environment, and the self-test of an accepted one.
 
 `check_environment` runs in one sandbox session: the module loads; every gold call returns its gold
-answer (`environments.reward.answer_matches`); calls with other valid arguments do NOT return it (no
-tool that prints the answer whatever it is asked); nothing times out. `self_test` checks an accepted
+answer (`environments.reward.answer_matches`); the call for every other record of the tool's data returns
+what the knowledge source says for that record (a tool that returns a constant, or the writer's invented
+answer, fails) and never a gold answer; nothing times out. `self_test` checks an accepted
 environment end to end with the shared F1 reward: replaying the gold calls earns 1.0, no calls earn 0,
 random tools with random valid arguments earn < 1. A call the sandbox itself failed (`pool.call` raises an
 `EnvironmentFailure`: a worker died, the machine was overloaded) is an infrastructure failure, never the tool's.
@@ -17,6 +18,7 @@ from typing import Any
 
 from arenaforge.environments.reward import answer_matches, f1_reward
 from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall
+from arenaforge.tasks.envs.tool_data import Probe
 
 
 @dataclass
@@ -27,8 +29,9 @@ class CheckResult:
     failing_tools: set[str]
 
 
-async def check_environment(pool: Any, env: Environment, probes: dict[str, list[dict[str, Any]]]) -> CheckResult:
-    """Sandbox checks: imports, gold calls answer, other valid arguments do not, nothing times out."""
+async def check_environment(pool: Any, env: Environment, probes: dict[str, list[Probe]]) -> CheckResult:
+    """Sandbox checks: imports, gold calls answer, other records' arguments give what the source says for them and
+    never a gold answer, nothing times out."""
     from arenaforge.environments.runtime import EnvLoadError
 
     details: list[str] = []
@@ -37,7 +40,7 @@ async def check_environment(pool: Any, env: Environment, probes: dict[str, list[
         session = await pool.open(env)
     except EnvLoadError as err:
         return CheckResult(False, {"imports": False}, [f"import_error: {err.detail[-300:]}"], {t.name for t in env.tools})
-    gold_ok = leak_free = no_timeout = True
+    gold_ok = leak_free = no_timeout = grounded = True
     try:
         for call in env.calls:
             obs = await pool.call(session, call.tool, call.arguments)  # EnvironmentFailure: the sandbox's fault
@@ -54,15 +57,23 @@ async def check_environment(pool: Any, env: Environment, probes: dict[str, list[
         for call in env.calls:
             gold_by_tool.setdefault(call.tool, []).append(call)
         for tool, tool_probes in probes.items():
-            for args in tool_probes:
+            for probe in tool_probes:
+                args = probe.arguments
                 obs = await pool.call(session, tool, args)
                 if obs.outcome == "timeout":
                     no_timeout = False
                     failing.add(tool)
                     details.append(f"timeout: {tool}({json.dumps(args)})")
                     break
+                if probe.answer is not None and (obs.outcome != "ok" or not answer_matches(probe.answer, obs.output)):
+                    grounded = False  # the code does not compute the source's answer for another record
+                    failing.add(tool)
+                    details.append(f"wrong_answer: {tool}({json.dumps(args)}) gave {obs.outcome} "
+                                   f"{(obs.output or obs.error or '')[:160]!r}, the source says {probe.answer!r}")
+                    break
                 leaked = [c.answer for c in gold_by_tool.get(tool, []) if obs.outcome == "ok"
-                          and c.arguments != args and answer_matches(c.answer or "", obs.output)]
+                          and c.arguments != args and answer_matches(c.answer or "", obs.output)
+                          and not (probe.answer and answer_matches(c.answer or "", probe.answer))]
                 if leaked:
                     leak_free = False
                     failing.add(tool)
@@ -70,7 +81,8 @@ async def check_environment(pool: Any, env: Environment, probes: dict[str, list[
                     break
     finally:
         await pool.close(session)
-    checks = {"imports": True, "gold_calls": gold_ok, "no_answer_leak": leak_free, "no_timeout": no_timeout}
+    checks = {"imports": True, "gold_calls": gold_ok, "other_records": grounded, "no_answer_leak": leak_free,
+              "no_timeout": no_timeout}
     return CheckResult(all(checks.values()), checks, details, failing)
 
 

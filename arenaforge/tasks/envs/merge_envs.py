@@ -120,7 +120,7 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
     golds = [(qa_id, c) for qa_id, t in members for c in t.calls]
     args_seen: list[dict[str, Any]] = []
     for _, t in members:
-        for a in [c.arguments for c in t.calls] + t.probes:
+        for a in [c.arguments for c in t.calls] + [p.arguments for p in t.probes]:
             if a not in args_seen:
                 args_seen.append(a)
     env = Environment(name=f"merge-{tool.name}", tools=[tool.doc], code=f"DATA = {{}}\n\n{tool.source}",

@@ -66,8 +66,7 @@ _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")  # what OpenAI accepts in a json_sc
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 # Words an endpoint uses when it refuses a response_format it does not support.
-_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|schema|grammar|not supported|unsupported",
-                             re.IGNORECASE)
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|grammar", re.IGNORECASE)
 MODES = ("json_schema", "json_object", "prompt")
 
 _REQUEST_COUNTER = itertools.count()
@@ -254,10 +253,12 @@ class OpenAICompatibleModel:
                 return ChatResponse(message=message, parsed=parsed, usage=usage, attempts=attempts_total, reasks=reask,
                                     wasted_tokens=wasted)
             wasted += turn.total_tokens
+            # the schema goes with the re-ask: a server that ignores response_format (transformers serve does) still
+            # tells the model what to write
             messages = messages + [
                 {"role": "assistant", "content": message.content or ""},
-                {"role": "user", "content": f"Your answer was invalid: {problem}. "
-                 "Reply again with only a JSON value that satisfies the schema."},
+                {"role": "user", "content": f"Your answer was invalid: {problem}. Reply again with only a JSON value "
+                 f"that satisfies this JSON Schema: {json.dumps(request.response_schema, ensure_ascii=False)}"},
             ]
         err = ParseError(f"{request.step}: answer from {self.name} still invalid after {self.cfg.max_reasks} re-asks: "
                          f"{problem}")
@@ -286,7 +287,8 @@ class OpenAICompatibleModel:
         }
         if request.tools:
             params["tools"] = request.tools
-            params["tool_choice"] = request.tool_choice or "auto"
+            if request.tool_choice is not None:  # only when the step needs it: vLLM refuses "auto" unless configured
+                params["tool_choice"] = request.tool_choice
         schema = request.response_schema
         if schema is not None:
             if self.mode == "json_schema":
@@ -319,7 +321,8 @@ class OpenAICompatibleModel:
                 self._failures_in_a_row = 0
                 return raw, attempt + 1
             except _HTTPStatusError as err:
-                if err.status == 400 and request.response_schema is not None and self._downgrade(mode, err):
+                # servers refuse an unsupported response_format with 400, 422 (llama-cpp-python) or even 500 (llama.cpp)
+                if err.status in (400, 422, 500) and request.response_schema is not None and self._downgrade(mode, err):
                     continue  # negotiated a structured-output mode this endpoint accepts: send again at once
                 if err.status not in _RETRY_STATUS:
                     raise _typed(err, self.cfg.base_url) from None
@@ -369,7 +372,7 @@ class OpenAICompatibleModel:
                 payload = await resp.read()
                 if resp.status >= 400:
                     raise _HTTPStatusError(resp.status, payload, resp.headers.get("retry-after"))
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
             raise _Transient(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__) from None
         except aiohttp.ClientPayloadError as err:
             raise _Transient(f"truncated body ({err})", unreachable=False) from None
@@ -440,7 +443,7 @@ def _add(total: Usage, more: Usage) -> Usage:
 
 
 @contextlib.asynccontextmanager
-async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None  # noqa: A001
+async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
                ) -> AsyncIterator[OpenAICompatibleModel]:
     """The endpoint's model with its warehouse response cache and usage ledger, flushed and closed on exit."""
     model = OpenAICompatibleModel(cfg, wh, run_id)
