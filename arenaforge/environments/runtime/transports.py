@@ -291,8 +291,9 @@ class DockerLauncher:
     def _reap_stale(self) -> None:
         """Remove containers left by pools of processes that died on this host."""
         host = socket.gethostname()
-        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}):
-            owner = container.labels.get(POOL_LABEL, "")
+        # sparse: no inspect per container, which fails when another pool's container goes away meanwhile
+        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}, sparse=True):
+            owner = (container.attrs.get("Labels") or {}).get(POOL_LABEL, "")
             owner_host, _, pid = owner.rpartition(":")
             if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
                 _remove_container(container)
