@@ -55,6 +55,10 @@ class ModelConfig(_Section):
     structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
         default="auto", description="How a JSON answer is asked for: auto negotiates json_schema, then json_object "
                                     "with the schema in the prompt, then the schema in the prompt only.")
+    tool_calling: Literal["auto", "native", "prompt"] = Field(
+        default="auto", description="How tools are called: auto uses the endpoint's native tool calls and moves to the "
+                                    "prompt (tools described in the prompt, each turn a JSON object) when the endpoint "
+                                    "refuses them; prompt is for servers that ignore tools (transformers serve).")
     concurrency_initial: int = Field(default=16, ge=1, description="Requests in flight at the start (AIMD slow start).")
     concurrency_max: int = Field(default=128, ge=1, description="Most requests in flight to the endpoint.")
     temperature: float = Field(default=0.7, ge=0, description="Sampling temperature where a step does not set one.")
