@@ -59,3 +59,41 @@ def test_the_rules_see_a_violation(tmp_path):
     bad.write_text("from arenaforge.warehouse.db import Warehouse\nimport duckdb\n")
     assert _imports(bad) & LAYERS - ALLOWED["schemas"] == {"warehouse"}
     assert _imports(bad) & FORBIDDEN_THIRD_PARTY["schemas"] == {"duckdb"}
+
+
+# Which provider answers is decided once, when the run's model is built (tasks/models/providers/): no step
+# compares a backend or provider name, and no module keeps a dict keyed by them.
+_PROVIDER_NAMES = {"offline", "openai"}
+_MAY_NAME_PROVIDERS = {"tasks/models/providers", "schemas/config.py", "schemas/base.py", "flows"}
+
+
+def _provider_branches(path: Path) -> list[str]:
+    """`x == "offline"`-style comparisons and dict literals keyed by provider names in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
+            attrs = [n.attr for n in (node.left, *node.comparators) if isinstance(n, ast.Attribute)]
+            if _PROVIDER_NAMES & set(names) and {"backend", "kind"} & set(attrs):
+                found.append(f"line {node.lineno}: compares {attrs[0]} with {names[0]!r}")
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(_PROVIDER_NAMES & keys) == 2:
+                found.append(f"line {node.lineno}: a dict keyed by provider names")
+    return found
+
+
+def test_no_step_branches_on_the_provider():
+    bad = []
+    for path in _modules("tasks") + _modules("environments"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("tasks/benchmarks/") or any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
+            continue
+        bad += [f"{rel} {what}" for what in _provider_branches(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_provider_rule_sees_a_branch(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if cfg.model.backend == "offline":\n    pass\nSTEPS = {"offline": 1, "openai": 2}\n')
+    assert len(_provider_branches(bad)) == 2

@@ -93,8 +93,10 @@ def test_cli_run_and_check(tmp_path: Path) -> None:
 def test_benchmark_smoke() -> None:
     from arenaforge.tasks.benchmarks.sandbox import main
 
-    result = main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0, backend="process",
-                  pool_size=1, state_mb=0.3, state_opens=3, state_concurrency=4)
+    import asyncio
+
+    result = asyncio.run(main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0,
+                              backend="process", pool_size=1, state_mb=0.3, state_opens=3, state_concurrency=4))
     assert result["pool_backend"] == "process"
     state = result["stateful"]
     assert state["state_bytes"] >= 300_000 and state["templates_loaded"] == 2  # the bench env and the state: one load each

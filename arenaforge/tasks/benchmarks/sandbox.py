@@ -59,7 +59,7 @@ def _stats(latencies: list[float], elapsed: float, concurrency: int) -> dict[str
     }
 
 
-def main(
+async def main(
     levels: str = "1,16,64,256",
     trivial_calls: int = 6000,
     cpu_calls: int = 32,
@@ -239,7 +239,7 @@ def main(
         result["loadavg_after"] = [round(x, 1) for x in os.getloadavg()]
         return result
 
-    result = asyncio.run(run_all())
+    result = await run_all()  # the bench command runs this coroutine in its event loop
     result["stateful"] = result["pool"].pop("stateful", None)
     ratios: dict[str, Any] = {}
     for other in ("docker_run", "subprocess"):

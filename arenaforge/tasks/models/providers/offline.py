@@ -61,6 +61,7 @@ class OfflineModel:
     """ChatModel whose answers come from the registered deterministic generators."""
 
     kind = NAME
+    decides_by = "rules"
 
     def __init__(self, name: str = "offline") -> None:
         self.name = name

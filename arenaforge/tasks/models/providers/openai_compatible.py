@@ -146,6 +146,7 @@ class OpenAICompatibleModel:
     """
 
     kind = NAME
+    decides_by = "model"
 
     def __init__(self, cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None) -> None:
         if not cfg.base_url:
