@@ -15,6 +15,7 @@ from prefect import flow, task
 from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
+from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
 from arenaforge.warehouse import Warehouse
@@ -59,4 +60,5 @@ def envs(params: EnvsParams) -> dict[str, int]:
                 counts[key] = counts.get(key, 0) + value
             bar.advance()
         run_summary("envs", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("envs", wh, run.id, counts.get("environments", 0), "environments")
+    return {**counts, "run_id": run.id}

@@ -5,18 +5,23 @@
     sft     : sample-chains -> synthesize-tasks -> run-trajectories -> judge-trajectories [-> export-sft]
 
 Composition only: the stages live in `arenaforge/tasks/sft/stages.py` and pass ids between them.
+Each flow ends with `outcome.finish`: the run's top rejection reasons in its log, and a failed run
+(NothingProduced / InfrastructureFailed) when it produced nothing. Relative paths resolve against
+the working directory (a served run's is the user's project directory) and are passed on absolute.
 Model-driven stages use retries=0 (the model-access layer owns retries); every stage writes
 content-addressed records, so a re-run after a crash completes what was missing.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
+from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.tasks.sft import stages as sft_stages
 from arenaforge.warehouse import Warehouse
@@ -45,6 +50,10 @@ class SftParams(_ConfigRef):
     seed: int | None = Field(default=None, description="Seed of walks, queries and simulators (default: config seed).")
     server_only: bool = Field(default=True, description="Also write server-only tasks (not conditioned on a chain).")
     export_dir: str | None = Field(default=None, description="Export kept trajectories of this run here (JSONL+Parquet).")
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
 
 
 def _warehouse(cfg: Config) -> Warehouse:
@@ -100,10 +109,12 @@ def ingest(params: IngestParams) -> dict[str, int]:
     """Ingest tool documents and live MCP servers into normalised tools grouped by server."""
     cfg = params.config()
     wh = _warehouse(cfg)
+    params = params.model_copy(update={"paths": [_absolute(p) for p in params.paths]})
     with recorded_run(wh, "ingest", params.model_dump(mode="json")) as (run, counts):
         counts.update(ingest_task(params, run.id))
         run_summary("ingest", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("ingest", wh, run.id, counts["tools"], "tools")
+    return {**counts, "run_id": run.id}
 
 
 @flow(name="graph", log_prints=True)
@@ -114,7 +125,8 @@ def graph(params: GraphParams) -> dict[str, int]:
     with recorded_run(wh, "graph", params.model_dump(mode="json")) as (run, counts):
         counts.update(build_graphs_task(params, run.id))
         run_summary("graph", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("graph", wh, run.id, counts["servers"], "servers with a graph")
+    return {**counts, "run_id": run.id}
 
 
 @flow(name="sft", log_prints=True)
@@ -123,6 +135,8 @@ def sft(params: SftParams) -> dict[str, Any]:
     cfg = params.config()
     wh = _warehouse(cfg)
     seed = cfg.seed if params.seed is None else params.seed
+    if params.export_dir:
+        params = params.model_copy(update={"export_dir": _absolute(params.export_dir)})
     with recorded_run(wh, "sft", params.model_dump(mode="json")) as (run, counts):
         bar = progress("sft-stages", 4, "sft: chains, tasks, trajectories, judge")
         chain_ids, c = sample_chains_task(params, run.id, seed)
@@ -143,4 +157,5 @@ def sft(params: SftParams) -> dict[str, Any]:
             counts["exported"] = int(report["samples"])
             extra = {"export": report["jsonl"]}
         run_summary("sft", run.id, counts, extra=extra, warehouse_path=str(wh.path))
-    return {**counts, "run_id": run.id}
+        finish("sft", wh, run.id, counts.get("trajectories", 0), "trajectories")
+    return {**counts, **extra, "run_id": run.id}

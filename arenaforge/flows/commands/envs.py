@@ -56,8 +56,9 @@ def synth(
             overrides=st.overrides)
     except ValueError as err:
         raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
-    counts = envs(params)
-    typer.echo(json.dumps(counts, indent=2))
+    from arenaforge.flows.outcome import run_and_report
+
+    run_and_report("envs", st.warehouse(), lambda: envs(params))
 
 
 def _load_env(wh: Any, env_id: str) -> Any:
@@ -110,32 +111,36 @@ def export(
     fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl (repeatable)."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter over the environments table."),
     limit: int = typer.Option(None, help="At most this many environments."),
-    image: str = typer.Option(None, help="Base image for Harbor Dockerfiles (default: the sandbox image)."),
+    image: str = typer.Option(None, help="Base image of the Harbor task containers (default python:3.11-slim; "
+                                         "any image with python3)."),
 ) -> None:
-    """Export verified environments: verl Parquet, Harbor task dirs, JSON-lines."""
+    """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
     from arenaforge.schemas.models import Environment
-    from arenaforge.tasks.envs.export import write_harbor, write_jsonl, write_verl
+    from arenaforge.tasks.envs.export import BASE_IMAGE, write_harbor, write_jsonl, write_verl
 
     st = state(ctx)
     wh = st.warehouse()
+    unknown = set(fmt) - {"verl", "harbor", "jsonl"}
+    if unknown:
+        raise InputError(f"unknown export formats {sorted(unknown)}; use verl, harbor, jsonl")
     cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
     envs = wh.load(Environment, where=cond, limit=limit)
     if not envs:
         raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
-    root = Path(out or Path(st.config.out_dir) / "envs")
-    unknown = set(fmt) - {"verl", "harbor", "jsonl"}
-    if unknown:
-        raise InputError(f"unknown export formats {sorted(unknown)}; use verl, harbor, jsonl")
+    root = Path(out or Path(st.config.out_dir) / "envs").expanduser().resolve()
     written: dict[str, Any] = {"environments": len(envs)}
     if "verl" in fmt:
-        written["verl"] = str(write_verl(envs, root / "verl.parquet"))
+        files = write_verl(envs, root / "verl")
+        written["verl"] = {"dir": str(files.train.parent), "train_rows": _rows(files.train), "val_rows": _rows(files.val)}
     if "jsonl" in fmt:
         written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
     if "harbor" in fmt:
-        if image is None:
-            from arenaforge.environments.runtime import image_ref
-
-            image = image_ref(st.config.sandbox.image)
         written["harbor"] = str(root / "harbor")
-        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", image=image))
+        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=image or BASE_IMAGE))
     typer.echo(json.dumps(written, indent=2))
+
+
+def _rows(parquet: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(parquet).metadata.num_rows
