@@ -112,8 +112,8 @@ def show_rejections(wh: Warehouse, run_id: str, flow: str) -> None:
     rows = [(r.count, f"{r.stage}/{r.reason}" + (" (infrastructure)" if is_infrastructure(r) else ""),
              f"{r.subject}: {r.detail}") for r in reasons]
     print_rows(["n", "reason", "first example"], rows, title=f"{flow}: {total} rejected, top reasons", full=True)
-    console.print(f"all of them: arenaforge db show rejections --where \"run_id = '{run_id}'\"", markup=False,
-                  highlight=False)
+    console.print(f"all: arenaforge db show rejections --run {run_id}", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def run_and_report(flow: str, wh: Warehouse, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -129,5 +129,6 @@ def run_and_report(flow: str, wh: Warehouse, run: Callable[[], dict[str, Any]]) 
         show_rejections(wh, err.outcome.run_id, flow)
         raise
     console.print(json.dumps(counts, indent=2), markup=False, highlight=False, soft_wrap=True)
-    show_rejections(wh, counts["run_id"], flow)
+    if counts.get("run_id"):
+        show_rejections(wh, counts["run_id"], flow)
     return counts

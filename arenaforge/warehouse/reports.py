@@ -35,3 +35,19 @@ def relation_total(wh: Warehouse, name: str, where: str = "") -> int:
     wh.require_relation(name)
     _, rows = wh.query(f'SELECT count(*) FROM "{name}"' + (f" WHERE {where}" if where else ""))
     return int(rows[0][0])
+
+
+def relation_comments(wh: Warehouse) -> dict[str, str]:
+    """COMMENT ON text of every table and view that has one."""
+    _, rows = wh.query(
+        "SELECT table_name, comment FROM duckdb_tables() WHERE comment IS NOT NULL "
+        "UNION ALL SELECT view_name, comment FROM duckdb_views() WHERE comment IS NOT NULL AND NOT internal")
+    return {name: comment for name, comment in rows}
+
+
+def relation_columns(wh: Warehouse, name: str) -> list[tuple[str, str, str]]:
+    """(column, type, comment) of a table or view, in order."""
+    wh.require_relation(name)
+    _, rows = wh.query("SELECT column_name, data_type, coalesce(comment, '') FROM duckdb_columns() "
+                       "WHERE table_name = ? ORDER BY column_index", [name])
+    return [(c, t, k) for c, t, k in rows]

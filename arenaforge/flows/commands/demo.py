@@ -1,9 +1,10 @@
 """`arenaforge demo`: the whole pipeline on the bundled sample data, offline, into a local DuckDB.
 
-Runs the real flows in order — ingest → graph → sft → envs → (optionally) rollout + GRPO +
-eval on the tiny locally built model — with the offline backend and the project's own sample
-tool documents (`arenaforge/tasks/data/sample_tools/`) and knowledge source (`arenaforge/tasks/data/sample_source/`).
-Needs no model endpoint, no network and no ../shared data. Re-running it adds no duplicates.
+Runs the real flows in order — ingest → graph → sft (exported) → envs → export (verl, Harbor,
+JSONL) → (optionally) GRPO + eval on the tiny locally built model — with the offline backend and
+the project's own sample tool documents (`arenaforge/tasks/data/sample_tools/`) and knowledge source
+(`arenaforge/tasks/data/sample_source/`). Needs no model endpoint, no network and no ../shared data.
+Re-running it adds no duplicates. It ends by saying where it wrote every export.
 """
 
 from __future__ import annotations
@@ -37,33 +38,51 @@ def demo(
         return
     from arenaforge.flows.envs_flows import EnvsParams, envs
     from arenaforge.flows.sft_flows import GraphParams, IngestParams, SftParams, graph, ingest, sft
+    from arenaforge.tasks.envs.export import export_environments, verified_environments
 
     st = state(ctx)
     st.overrides.setdefault("model.backend", "offline")
     cfg = st.config
-    out_dir = Path(out or Path(cfg.out_dir) / "demo")
+    out_dir = Path(out or Path(cfg.out_dir) / "demo").expanduser().resolve()
     common: dict[str, Any] = {"config_path": st.config_path, "overrides": dict(st.overrides)}
     steps: list[tuple[str, Any]] = [
         ("ingest", lambda: ingest(IngestParams(paths=[_sample("sample_tools")], **common))),
         ("graph", lambda: graph(GraphParams(**common))),
         ("sft", lambda: sft(SftParams(export_dir=str(out_dir / "sft"), **common))),
         ("envs", lambda: envs(EnvsParams(sources=[_sample("sample_source")], n=n, **common))),
+        ("export", lambda: export_environments(verified_environments(st.warehouse()), out_dir / "envs")),
     ]
 
     if train:
         steps += _training_steps(st, out_dir)
 
-    summary = []
+    summary, results = [], {}
     for name, run in steps:
         console.print(f"[bold]demo[/bold] {name} …")
         started = time.perf_counter()
-        result = run()
-        summary.append((name, f"{time.perf_counter() - started:.1f}s", _headline(result)))
-    print_rows(["step", "time", "result"], summary, title="arenaforge demo", width=110)
+        results[name] = run()
+        summary.append((name, f"{time.perf_counter() - started:.1f}s", _headline(results[name])))
+    print_rows(["step", "time", "result"], summary, title="arenaforge demo", full=True)
     wh = st.warehouse()
     counts = [(name, wh.count(name)) for name, kind in wh.relations() if kind == "table" and wh.count(name)]
-    print_rows(["table", "rows"], counts, title=f"warehouse {wh.path}")
+    print_rows(["table", "rows"], counts, title=f"warehouse {wh.path.resolve()}")
+    _print_exports(results, out_dir)
     console.print("Browse: arenaforge db show environments | arenaforge envs show <id> | arenaforge db show trajectories")
+
+
+def _print_exports(results: dict[str, Any], out_dir: Path) -> None:
+    """Where every export went (absolute paths), one line each."""
+    exported = results["export"]
+    lines = [("SFT data (OpenAI messages + tools)", results["sft"].get("export", str(out_dir / "sft" / "sft.jsonl"))),
+             ("verl 0.9.1 (train/val Parquet, agent_loops.yaml, tool_config.yaml)",
+              f"{exported['verl']['dir']} (train {exported['verl']['train_rows']}, val {exported['verl']['val_rows']})"),
+             ("Harbor tasks", f"{exported['harbor']} ({exported['harbor_tasks']} tasks)"),
+             ("environments (JSONL)", exported["jsonl"])]
+    if "train-grpo" in results:
+        lines.append(("GRPO checkpoints", str(out_dir / "train")))
+    console.print("[bold]exports written:[/bold]")
+    for what, where in lines:
+        console.print(f"  {what}: {where}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
@@ -78,7 +97,8 @@ def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
 
 
 def _headline(result: Any) -> str:
+    """Every count of a step's result (paths and ids are listed under exports)."""
     if isinstance(result, dict):
-        flat = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "run_id"}
-        return ", ".join(f"{k}={v}" for k, v in list(flat.items())[:8])
-    return str(result)[:100]
+        flat = {k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return ", ".join(f"{k}={v}" for k, v in flat.items())
+    return str(result)

@@ -115,32 +115,9 @@ def export(
                                          "any image with python3)."),
 ) -> None:
     """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
-    from arenaforge.schemas.models import Environment
-    from arenaforge.tasks.envs.export import BASE_IMAGE, write_harbor, write_jsonl, write_verl
+    from arenaforge.tasks.envs.export import BASE_IMAGE, export_environments, verified_environments
 
     st = state(ctx)
-    wh = st.warehouse()
-    unknown = set(fmt) - {"verl", "harbor", "jsonl"}
-    if unknown:
-        raise InputError(f"unknown export formats {sorted(unknown)}; use verl, harbor, jsonl")
-    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
-    envs = wh.load(Environment, where=cond, limit=limit)
-    if not envs:
-        raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
-    root = Path(out or Path(st.config.out_dir) / "envs").expanduser().resolve()
-    written: dict[str, Any] = {"environments": len(envs)}
-    if "verl" in fmt:
-        files = write_verl(envs, root / "verl")
-        written["verl"] = {"dir": str(files.train.parent), "train_rows": _rows(files.train), "val_rows": _rows(files.val)}
-    if "jsonl" in fmt:
-        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
-    if "harbor" in fmt:
-        written["harbor"] = str(root / "harbor")
-        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=image or BASE_IMAGE))
-    typer.echo(json.dumps(written, indent=2))
-
-
-def _rows(parquet: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(parquet).metadata.num_rows
+    envs = verified_environments(st.warehouse(), where, limit)
+    root = Path(out or Path(st.config.out_dir) / "envs")
+    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE), indent=2))

@@ -31,10 +31,13 @@ import textwrap
 from importlib import resources
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from arenaforge.environments import reward as reward_module
+from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.verl.dataset import VerlFiles
+from arenaforge.warehouse import Warehouse
 
 EVAL_SHARE = 0.1  # share of environments held out as val (the default of `train grpo`/`eval run`)
 
@@ -195,3 +198,36 @@ def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str 
             script.chmod(0o755)
         out.append(d)
     return out
+
+
+FORMATS = ("verl", "harbor", "jsonl")
+
+
+def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
+    """Environments that passed verification, optionally filtered (SQL over the environments table)."""
+    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
+    return wh.load(Environment, where=cond, limit=limit)
+
+
+def export_environments(envs: Sequence[Environment], root: str | Path, formats: Sequence[str] = FORMATS,
+                        base_image: str = BASE_IMAGE) -> dict[str, Any]:
+    """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
+    import pyarrow.parquet as pq
+
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(FORMATS)}")
+    if not envs:
+        raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
+    root = Path(root).expanduser().resolve()
+    written: dict[str, Any] = {"environments": len(envs)}
+    if "verl" in formats:
+        files = write_verl(envs, root / "verl")
+        written["verl"] = {"dir": str(files.train.parent), "train_rows": pq.ParquetFile(files.train).metadata.num_rows,
+                           "val_rows": pq.ParquetFile(files.val).metadata.num_rows}
+    if "jsonl" in formats:
+        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
+    if "harbor" in formats:
+        written["harbor"] = str(root / "harbor")
+        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=base_image))
+    return written

@@ -11,7 +11,6 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import polars as pl
@@ -25,6 +24,7 @@ from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl
 from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.synthesize_env import OfflineToolBuilder, assemble, synthesize_environments
 from tests.support.envs_fakes import fake_embed, sandbox_cfg
+from tests.support.harbor import ToolsService
 from tests.support.requirements import require_docker
 
 
@@ -94,31 +94,6 @@ def test_jsonl_round_trips(envs, tmp_path: Path) -> None:
     assert [e.id for e in back] == [e.id for e in envs]
 
 
-class _ToolsService:
-    """The task's tools service (environment/tools/server.py) as a local process on a free port."""
-
-    def __init__(self, tools_dir: Path) -> None:
-        from tests.support.prefect_server import free_port
-
-        self.url = f"http://127.0.0.1:{free_port()}"
-        self.proc = subprocess.Popen([sys.executable, str(tools_dir / "server.py")],
-                                     env={**os.environ, "PORT": self.url.rsplit(":", 1)[1]},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2):
-                    return
-            except OSError:
-                assert self.proc.poll() is None, self.proc.stderr.read()
-                assert time.monotonic() < deadline, "tools service did not start"
-                time.sleep(0.1)  # polling a condition with a deadline
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 def _sh(script: Path, tools_url: str, logs: Path, bin_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOOLS_URL": tools_url, "LOGS_DIR": str(logs),
            "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
@@ -135,7 +110,7 @@ def harbor_task(envs, tmp_path: Path):
     bin_dir = tmp_path / "bin"  # what the task's Dockerfile installs: call-tool on PATH
     bin_dir.mkdir()
     (bin_dir / "call-tool").symlink_to(d / "environment" / "call_tool.py")
-    service = _ToolsService(d / "environment" / "tools")
+    service = ToolsService(d / "environment" / "tools")
     try:
         yield d, envs[0], service, bin_dir
     finally:
