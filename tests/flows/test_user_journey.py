@@ -150,7 +150,9 @@ def test_relative_paths_resolve_in_the_project_and_export_trains(project: dict[s
     assert sorted(s.step for s in steps) == [1, 2] and all(s.metrics["loss"] > 0 for s in steps)
     assert (proj / "out" / "train" / "journey").is_dir()  # the default ./out is the project's
     site = Path(_run([str(project["venv"] / "bin" / "python"), "-c",
-                      "import arenaforge, pathlib; print(pathlib.Path(arenaforge.__file__).parent.parent)"]).stdout.strip())
+                      "import arenaforge, pathlib; print(pathlib.Path(arenaforge.__file__).parent.parent)"],
+                     cwd=proj).stdout.strip())
+    assert site.name == "site-packages" and site.is_relative_to(project["venv"])
     assert not (site / "out").exists() and not (REPO / "out" / "train" / "journey").exists()
 
 
