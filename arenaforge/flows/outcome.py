@@ -5,13 +5,11 @@ rejection reasons (the UI's log pane shows them) and raises when the run produce
 there is a reason to give:
 
     NothingProduced      (exit 2)  every input was refused (a missing path, a malformed tool file, ...)
-    InfrastructureFailed (exit 3)  refused because something outside the data failed: the model
-                                   endpoint unreachable, the sandbox down (`is_infrastructure`)
+    InfrastructureFailed (exit 3)  refused because what the run depends on failed: the model endpoint
+                                   unreachable/overloaded/refusing, the sandbox or an MCP server down
+                                   (`is_infrastructure`: the rejections' FailureKind)
 
-The CLI prints the same table (`show_rejections`) after its JSON counts, or before the one-line
-error. `is_infrastructure` is the only place that classifies a rejection; it reads what exists
-today (the `environment_failure` flag, the reasons ProviderError/sandbox failures become) and is
-where typed failure kinds plug in when the model layer has them.
+The CLI prints the same table (`show_rejections`) after its JSON counts, or before the one-line error.
 """
 
 from __future__ import annotations
@@ -20,19 +18,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arenaforge.schemas.errors import ArenaforgeError
+from arenaforge.schemas.errors import FailureKind, InputError, RunFailed
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.reports import ReasonCount, rejection_reasons
 
-# Reasons that name a failure outside the data, for rows written before environment_failure was set
-# on them (the SFT stages fold ProviderError into model_failed, which stays a data failure here).
-INFRASTRUCTURE_REASONS = frozenset({"provider_error", "mcp_unavailable", "sandbox_unavailable", "sandbox_failure"})
 TOP_REASONS = 5
 
 
 def is_infrastructure(reason: ReasonCount) -> bool:
-    """True when the environment (endpoint, sandbox, MCP server), not the data, failed."""
-    return reason.environment_failure or reason.reason in INFRASTRUCTURE_REASONS
+    """True when what the records depended on (endpoint, sandbox, MCP server) failed, not the records."""
+    return FailureKind(reason.kind).environment_failure
+
+
+def _label(r: ReasonCount) -> str:
+    """stage/reason, with the failure kind when it is not the data's own (quality) failure."""
+    return f"{r.stage}/{r.reason}" + ("" if r.kind == FailureKind.QUALITY else f" ({r.kind})")
 
 
 @dataclass
@@ -50,12 +50,11 @@ class Outcome:
             return []
         out = [f"{self.flow}: {self.rejections} rejected; top reasons:"]
         for r in self.reasons:
-            tag = " [infrastructure]" if is_infrastructure(r) else ""
-            out.append(f"  {r.count} x {r.stage}/{r.reason}{tag}: {r.subject}: {r.detail}")
+            out.append(f"  {r.count} x {_label(r)}: {r.subject}: {r.detail}")
         return out
 
 
-class NothingProduced(ArenaforgeError):
+class NothingProduced(InputError):
     """A run produced nothing; every input was refused (the report says why)."""
 
     exit_code = 2
@@ -65,10 +64,14 @@ class NothingProduced(ArenaforgeError):
         self.outcome = outcome
 
 
-class InfrastructureFailed(NothingProduced):
-    """A run produced nothing because the endpoint, sandbox or another service failed."""
+class InfrastructureFailed(RunFailed):
+    """A run produced nothing because the endpoint, sandbox or another service it needs failed."""
 
     exit_code = 3
+
+    def __init__(self, message: str, outcome: Outcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 def outcome(flow: str, wh: Warehouse, run_id: str, produced: int, what: str) -> Outcome:
@@ -84,8 +87,8 @@ def check(o: Outcome) -> None:
     if infra:
         first = infra[0]
         raise InfrastructureFailed(
-            f"{o.flow}: no {o.what}: {sum(r.count for r in infra)} of {o.rejections} rejections are infrastructure "
-            f"failures ({first.stage}/{first.reason}: {first.detail})", o)
+            f"{o.flow}: no {o.what}: {sum(r.count for r in infra)} of {o.rejections} rejections are failures of what "
+            f"it depends on ({_label(first)}: {first.detail})", o)
     first = o.reasons[0]
     raise NothingProduced(f"{o.flow}: no {o.what}: all {o.rejections} inputs refused; most often "
                           f"{first.stage}/{first.reason} ({first.subject}: {first.detail})", o)
@@ -109,23 +112,22 @@ def show_rejections(wh: Warehouse, run_id: str, flow: str) -> None:
     reasons, total = rejection_reasons(wh, run_id, TOP_REASONS)
     if not total:
         return
-    rows = [(r.count, f"{r.stage}/{r.reason}" + (" (infrastructure)" if is_infrastructure(r) else ""),
-             f"{r.subject}: {r.detail}") for r in reasons]
+    rows = [(r.count, _label(r), f"{r.subject}: {r.detail}") for r in reasons]
     print_rows(["n", "reason", "first example"], rows, title=f"{flow}: {total} rejected, top reasons", full=True)
     console.print(f"all: arenaforge db show rejections --run {run_id}", markup=False, highlight=False,
                   soft_wrap=True)
 
 
 def run_and_report(flow: str, wh: Warehouse, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """CLI shell of a synthesis flow: its counts as JSON, then its top rejection reasons; on
-    NothingProduced the reasons first, then the one-line error (raised on to `arenaforge.flows.cli`)."""
+    """CLI shell of a synthesis flow: its counts as JSON, then its top rejection reasons; when it produced
+    nothing, the reasons first, then the one-line error (raised on to `arenaforge.flows.cli`)."""
     import json
 
     from arenaforge.flows.display import console
 
     try:
         counts = run()
-    except NothingProduced as err:
+    except (NothingProduced, InfrastructureFailed) as err:
         show_rejections(wh, err.outcome.run_id, flow)
         raise
     console.print(json.dumps(counts, indent=2), markup=False, highlight=False, soft_wrap=True)

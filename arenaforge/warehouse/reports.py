@@ -9,11 +9,11 @@ from arenaforge.warehouse.db import Warehouse
 
 @dataclass(frozen=True)
 class ReasonCount:
-    """One (stage, reason) group of a run's rejections, with its first example."""
+    """One (stage, reason, kind) group of a run's rejections, with its first example."""
 
     stage: str
     reason: str
-    environment_failure: bool
+    kind: str  # a schemas.errors.FailureKind value
     count: int
     subject: str
     detail: str
@@ -22,12 +22,12 @@ class ReasonCount:
 def rejection_reasons(wh: Warehouse, run_id: str, limit: int = 5) -> tuple[list[ReasonCount], int]:
     """The run's `limit` most frequent rejection reasons, and how many rejections it has in all."""
     _, rows = wh.query(
-        "SELECT stage, reason, coalesce(environment_failure, false), count(*) AS n, arg_min(subject, id), "
-        "arg_min(detail, id) FROM v_rejections WHERE run_id = ? GROUP BY ALL ORDER BY n DESC, reason LIMIT ?",
+        "SELECT stage, reason, kind, count(*) AS n, arg_min(subject, id), arg_min(detail, id) "
+        "FROM v_rejections WHERE run_id = ? GROUP BY ALL ORDER BY n DESC, reason LIMIT ?",
         [run_id, limit],
     )
     _, total = wh.query("SELECT count(*) FROM rejections WHERE run_id = ?", [run_id])
-    return [ReasonCount(s, r, bool(e), int(n), subj or "", det or "") for s, r, e, n, subj, det in rows], int(total[0][0])
+    return [ReasonCount(s, r, k, int(n), subj or "", det or "") for s, r, k, n, subj, det in rows], int(total[0][0])
 
 
 def relation_total(wh: Warehouse, name: str, where: str = "") -> int:

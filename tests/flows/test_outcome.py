@@ -72,8 +72,8 @@ def test_envs_synth_against_a_dead_endpoint_exits_3(prefect_server, tmp_path: Pa
               env={"ARENAFORGE_MODEL__MAX_RETRIES": "0", "ARENAFORGE_MODEL__CACHE": "false"})
     assert res.returncode == 3, res.stdout + res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "envs: no environments" in errors[0] and "infrastructure failures" in errors[0]
-    assert "(infrastructure)" in res.stdout and "provider_error" in res.stdout
+    assert len(errors) == 1 and "envs: no environments" in errors[0] and "failures of what it depends on" in errors[0]
+    assert "provider_error(provider_unreachable)" in _flat(res.stdout), res.stdout  # the typed failure kind
     assert "127.0.0.1:9" in _flat(res.stdout)  # the detail, not cut
     _fits_80(res.stdout)
 
@@ -109,10 +109,11 @@ def test_outcome_rule_is_one_function() -> None:
     from arenaforge.flows.outcome import InfrastructureFailed, NothingProduced, Outcome, check, is_infrastructure
     from arenaforge.warehouse.reports import ReasonCount
 
-    infra = ReasonCount("decompose_qa", "provider_error", True, 4, "s", "refused")
-    data = ReasonCount("verify_qa", "low_quality", False, 2, "q", "qs 0.2")
-    assert is_infrastructure(infra) and not is_infrastructure(data)
-    with pytest.raises(InfrastructureFailed, match="4 of 6 rejections are infrastructure") as err:
+    infra = ReasonCount("decompose_qa", "provider_error", "provider_unreachable", 4, "s", "refused")
+    data = ReasonCount("verify_qa", "low_quality", "quality_rejection", 2, "q", "qs 0.2")
+    model = ReasonCount("decompose_qa", "invalid_model_output", "invalid_output", 1, "q", "not JSON")
+    assert is_infrastructure(infra) and not is_infrastructure(data) and not is_infrastructure(model)
+    with pytest.raises(InfrastructureFailed, match="4 of 6 rejections are failures of what it depends on") as err:
         check(Outcome("envs", "run-1", 0, "environments", [infra, data], 6))
     assert err.value.exit_code == 3
     with pytest.raises(NothingProduced, match="all 2 inputs refused") as err:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Build and inspect tool-call graphs; sample tool chains.", no_args_is_help=True)
 
@@ -23,8 +23,8 @@ def build(
     from arenaforge.flows.outcome import run_and_report
 
     st = state(ctx)
-    run_and_report("graph", st.warehouse(), lambda: graph(GraphParams(
-        servers=list(server or []), config_path=st.config_path, overrides=st.overrides)))
+    run_and_report("graph", st.warehouse(), lambda: run_flow(graph(GraphParams(
+        servers=list(server or []), config_path=st.config_path, overrides=st.overrides))))
 
 
 @app.command("show")

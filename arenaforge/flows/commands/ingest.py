@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.schemas.errors import InputError
 
 # A group (the CLI mounts sub-apps) whose callback does the work; interspersed args let
@@ -32,5 +32,5 @@ def ingest(
     from arenaforge.flows.outcome import run_and_report
 
     st = state(ctx)
-    run_and_report("ingest", st.warehouse(), lambda: ingest_flow(IngestParams(
-        paths=list(paths or []), mcp=list(mcp or []), config_path=st.config_path, overrides=st.overrides)))
+    run_and_report("ingest", st.warehouse(), lambda: run_flow(ingest_flow(IngestParams(
+        paths=list(paths or []), mcp=list(mcp or []), config_path=st.config_path, overrides=st.overrides))))

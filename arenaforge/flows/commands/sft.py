@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Synthesize tasks and scored multi-turn trajectories (SFT track).", no_args_is_help=True)
 
@@ -25,9 +25,9 @@ def synth(
     from arenaforge.flows.outcome import run_and_report
 
     st = state(ctx)
-    run_and_report("sft", st.warehouse(), lambda: sft(SftParams(
+    run_and_report("sft", st.warehouse(), lambda: run_flow(sft(SftParams(
         servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
-        config_path=st.config_path, overrides=st.overrides)))
+        config_path=st.config_path, overrides=st.overrides))))
 
 
 @app.command("export")
@@ -38,8 +38,8 @@ def export(
     min_score: float = typer.Option(None, help="Stricter keep threshold on the judge mean."),
 ) -> None:
     """Write kept trajectories as OpenAI messages + tools (sft.jsonl, sft.parquet) and sft_stats.json."""
-    from arenaforge.tasks.sft.stages import export as export_stage
+    from arenaforge.tasks.sft.export import export_sft
 
     st = state(ctx)
-    report = export_stage(st.config, st.warehouse(), out, run_id=run_id, min_score=min_score)
+    report = export_sft(st.warehouse(), out or st.config.out_dir, run_id=run_id, min_score=min_score)
     typer.echo(json.dumps(report, indent=2))

@@ -1,4 +1,5 @@
-"""Exports: verl 0.9.1 files (splits, per-tool tools_kwargs, configs), Harbor tasks whose verifier trusts only the\ntools service's signed call log (forgeries score 0), JSON-lines."""
+"""Exports: verl 0.9.1 files (splits, per-tool tools_kwargs, configs), Harbor tasks whose verifier trusts only the
+tools service's signed call log (forgeries score 0), JSON-lines."""
 
 from __future__ import annotations
 
@@ -18,25 +19,28 @@ import pytest
 
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.decompose_qa import OfflineQASynthesizer, QASpec
+from arenaforge.tasks.envs.build_tools import ToolBuilder
+from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors
 from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl, write_verl
 from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.synthesize_env import OfflineToolBuilder, assemble, synthesize_environments
+from arenaforge.tasks.envs.synthesize_env import synthesize_environments
+from arenaforge.tasks.envs.tool_impl import assemble
 from tests.support.envs_fakes import fake_embed, sandbox_cfg
 from tests.support.harbor import ToolsService
+from tests.support.models import offline_model
 from tests.support.requirements import require_docker
 
 
 @pytest.fixture(scope="module")
 def envs() -> list[Environment]:
     src = load_sample()
-    instances = asyncio.run(OfflineQASynthesizer().synthesize(src, QASpec(n=4, seed=9))).instances
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(src, QASpec(n=4, seed=9))).instances
 
     async def go():
         pool = await create_pool(sandbox_cfg())
         try:
-            return (await synthesize_environments(OfflineToolBuilder(src), pool, instances, max_attempts=1)).drafts
+            return (await synthesize_environments(ToolBuilder(offline_model(), src), pool, instances, max_attempts=1)).drafts
         finally:
             await pool.shutdown()
 
@@ -70,8 +74,8 @@ def test_verl_export_writes_splits_tools_and_configs(envs, tmp_path: Path) -> No
     assert {t["class_name"] for t in tools} == {"arenaforge.tasks.verl.verl_adapter.VerlArenaTool"}
     (loop,) = yaml.safe_load(files.agent_config.read_text())
     assert loop["name"] == row["agent_name"] == "arena_agent" and loop["environments"] == str(files.environments)
-    assert [Environment.model_validate_json(x).id for x in files.environments.read_text().splitlines()] == \
-        sorted(by_id, key=[e.id for e in envs].index)
+    assert sorted(Environment.model_validate_json(x).id for x in files.environments.read_text().splitlines()) == \
+        sorted(by_id)
 
 
 def test_verl_tool_names_split_same_name_different_schema() -> None:
