@@ -65,19 +65,20 @@ def demo(
     print_rows(["step", "time", "result"], summary, title="arenaforge demo", full=True)
     wh = st.warehouse()
     counts = [(name, wh.count(name)) for name, kind in wh.relations() if kind == "table" and wh.count(name)]
-    print_rows(["table", "rows"], counts, title=f"warehouse {wh.path.resolve()}")
+    console.print(f"[bold]warehouse:[/bold] {wh.path.resolve()}", soft_wrap=True)
+    print_rows(["table", "rows"], counts)
     _print_exports(results, out_dir)
-    console.print("Browse: arenaforge db show environments | arenaforge envs show <id> | arenaforge db show trajectories")
+    console.print("[bold]browse:[/bold] arenaforge db show environments\n        arenaforge envs show <id>\n"
+                  "        arenaforge db show trajectories")
 
 
 def _print_exports(results: dict[str, Any], out_dir: Path) -> None:
     """Where every export went (absolute paths), one line each."""
-    exported = results["export"]
-    lines = [("SFT data (OpenAI messages + tools)", results["sft"].get("export", str(out_dir / "sft" / "sft.jsonl"))),
-             ("verl 0.9.1 (train/val Parquet, agent_loops.yaml, tool_config.yaml)",
-              f"{exported['verl']['dir']} (train {exported['verl']['train_rows']}, val {exported['verl']['val_rows']})"),
-             ("Harbor tasks", f"{exported['harbor']} ({exported['harbor_tasks']} tasks)"),
-             ("environments (JSONL)", exported["jsonl"])]
+    exported, verl = results["export"], results["export"]["verl"]
+    lines = [("SFT data (messages + tools)", results["sft"].get("export", str(out_dir / "sft" / "sft.jsonl"))),
+             (f"verl (train {verl['train_rows']}, val {verl['val_rows']})", verl["dir"]),
+             (f"Harbor tasks ({exported['harbor_tasks']})", exported["harbor"]),
+             ("environments JSONL", exported["jsonl"])]
     if "train-grpo" in results:
         lines.append(("GRPO checkpoints", str(out_dir / "train")))
     console.print("[bold]exports written:[/bold]")
