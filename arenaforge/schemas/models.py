@@ -358,6 +358,8 @@ class Run(Record):
     finished_at: str | None = None
     counts: dict[str, int] = Field(default_factory=dict)
     error: str | None = None
+    host: str | None = Field(default=None, description="Machine whose process runs it (to tell a crashed run).")
+    pid: int | None = Field(default=None, description="Process that runs it.")
 
     def compute_id(self) -> str:  # status/finish change over a run's life; identity doesn't
         from arenaforge.schemas.ids import content_id
