@@ -164,6 +164,11 @@ class Config(_Section):
     sft: SftConfig = SftConfig()
     train: TrainConfig = TrainConfig()
     out_dir: str = Field(default="./out", description="Where exports and plots are written.")
+    project_dir: str | None = Field(
+        default=None,
+        description="Where served flow runs resolve relative paths (default: the directory `arenaforge serve` "
+        "was started in).",
+    )
     seed: int = Field(default=0, description="Seed for every deterministic generator.")
 
 

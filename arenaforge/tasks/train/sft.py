@@ -56,7 +56,7 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
-        raise InputError(f"cannot read SFT data {path}: {err.strerror}") from None
+        raise InputError(f"cannot read SFT data {Path(path).resolve()}: {err.strerror}") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -81,7 +81,10 @@ def encode(tokenizer: Any, example: dict[str, Any], max_length: int) -> tuple[li
                     call["function"]["arguments"] = json.loads(args)
                 except json.JSONDecodeError:
                     pass
-    out = tokenizer.apply_chat_template(messages, tools=example.get("tools") or None, tokenize=True,
+    tools = example.get("tools") or None
+    if isinstance(tools, str):  # the Parquet export (and exports before 0.2) hold tools as one JSON string
+        tools = json.loads(tools)
+    out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = list(out["input_ids"])[:max_length], list(out["assistant_masks"])[:max_length]
     return (ids, mask) if sum(mask) else None
