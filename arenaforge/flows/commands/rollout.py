@@ -15,7 +15,7 @@ app = typer.Typer(help="Run policy rollouts in environments with the F1 reward."
 def run_cmd(
     ctx: typer.Context,
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
-    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model)."),
+    model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
     served_model: str = typer.Option(None),
     samples: int = typer.Option(1, help="Episodes per environment."),

@@ -10,6 +10,7 @@ restores model, optimizer, scheduler and the position in the data.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.warehouse import Warehouse
+
+log = logging.getLogger("arenaforge.train")
+LOG_EVERY = 10  # steps between progress lines
 
 
 @dataclass(frozen=True)
@@ -166,4 +170,7 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
             wh.upsert(records)
         summary.metrics.append(metrics)
         summary.last_step = step
+        if step % LOG_EVERY == 0 or step == total:
+            log.info(f"sft {out.name} step {step}/{total}: loss {metrics['loss']:.4f}, lr {lr:.2g}, "
+                     f"{metrics['tokens_per_s']:.0f} tokens/s")
     return summary
