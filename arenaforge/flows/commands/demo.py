@@ -29,7 +29,8 @@ def _sample(name: str) -> str:
 def demo(
     ctx: typer.Context,
     n: int = typer.Option(24, "--n", "-n", help="QA instances to synthesize from the sample source."),
-    train: bool = typer.Option(False, "--train/--no-train", help="Also roll out, train GRPO and evaluate the tiny model."),
+    train: bool = typer.Option(False, "--train/--no-train", help="Also train the default policy (warm start + GRPO) "
+                               "on the train split and print its test-split table."),
     out: str = typer.Option(None, "--out", "-o", help="Folder for exports (default: config out_dir/demo)."),
 ) -> None:
     """Ingest → graph → SFT trajectories → RL environments (→ rollouts, GRPO, eval) on sample data, offline."""
@@ -51,34 +52,46 @@ def demo(
     ]
 
     if train:
+        if n < TRAIN_MIN_QAS:  # a train/test split needs more than a handful of environments
+            steps[-1] = ("envs", lambda: envs(EnvsParams(sources=[_sample("sample_source")], n=TRAIN_MIN_QAS, **common)))
         steps += _training_steps(st, out_dir)
 
     summary = []
+    results: list[tuple[str, Any]] = []
     for name, run in steps:
         console.print(f"[bold]demo[/bold] {name} …")
         started = time.perf_counter()
         result = run()
+        results.append((name, result))
         summary.append((name, f"{time.perf_counter() - started:.1f}s", _headline(result)))
     print_rows(["step", "time", "result"], summary, title="arenaforge demo", width=110)
     wh = st.warehouse()
     counts = [(name, wh.count(name)) for name, kind in wh.relations() if kind == "table" and wh.count(name)]
     print_rows(["table", "rows"], counts, title=f"warehouse {wh.path}")
+    if train:
+        from arenaforge.flows.commands.train import print_eval_table
+
+        trained = next((r for name, r in results if name == "train-grpo"), {})
+        print_eval_table(trained.get("eval") or {}, title="test split: untrained / warm start / warm start + GRPO")
+        if trained.get("curves_png"):
+            console.print(f"Curves: {trained['curves_png']}")
     console.print("Browse: arenaforge db show environments | arenaforge envs show <id> | arenaforge db show trajectories")
 
 
+TRAIN_MIN_QAS = 400
+
+
 def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
-    from arenaforge.flows.train_flows import evaluate, train_grpo
-    from arenaforge.tasks.train.jobs import EvalParams, GrpoParams
+    """The default policy's recipe (`arenaforge bench learning` measures it): warm start, GRPO, eval on the test split."""
+    from arenaforge.flows.train_flows import train_grpo
+    from arenaforge.tasks.train.jobs import GrpoParams
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
-    return [
-        ("train-grpo", lambda: train_grpo(GrpoParams(steps=2, warmstart_steps=60, out_dir=str(out_dir / "train"), **base))),
-        ("eval", lambda: evaluate(EvalParams(**base))),
-    ]
+    return [("train-grpo", lambda: train_grpo(GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **base)))]
 
 
 def _headline(result: Any) -> str:
     if isinstance(result, dict):
-        flat = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "run_id"}
+        flat = {k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k not in ("run_id", "curves_png")}
         return ", ".join(f"{k}={v}" for k, v in list(flat.items())[:8])
     return str(result)[:100]

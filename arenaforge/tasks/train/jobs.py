@@ -400,7 +400,8 @@ def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence
                  f"{params.warmstart_steps} steps")
         sft_cfg = SftConfig(out_dir=str(out), epochs=10**6, max_steps=params.warmstart_steps,
                             batch_size=params.warmstart_batch_size, lr=params.warmstart_lr,
-                            warmup_steps=min(20, params.warmstart_steps // 10), max_length=WARMSTART_MAX_LENGTH,
+                            warmup_steps=min(20, params.warmstart_steps // 10), decay=True,
+                            max_length=WARMSTART_MAX_LENGTH,
                             checkpoint_every=params.warmstart_steps, keep_optimizer=1, seed=params.seed,
                             device=params.device)
         summary = train_sft(sft_cfg, model_path, data, wh, run.id)

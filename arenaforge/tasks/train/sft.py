@@ -37,6 +37,7 @@ class SftConfig:
     lr: float = 1e-5
     max_length: int = 4096
     warmup_steps: int = 0
+    decay: bool = False  # after warm-up, decay the lr linearly to 10% at the last step (warm start from scratch)
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
     keep_optimizer: int = 2
@@ -128,15 +129,23 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
         raise InputError(f"{data_path}: no example has an assistant token")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     warmup = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    per_epoch = -(-len(rows) // cfg.batch_size)
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+
+    def lr_factor(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if cfg.decay:
+            return 1.0 - 0.9 * (s - warmup) / max(1, total - warmup)
+        return 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     step = 0
     if saved is not None:
         state, meta = CheckpointManager.load_state(saved)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = int(meta["step"])
-    per_epoch = -(-len(rows) // cfg.batch_size)
-    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
     summary = SftSummary(out.name, step + 1, step, str(saved.path) if saved else None, len(encoded) - len(rows), [])
     model.train()
     while step < total:

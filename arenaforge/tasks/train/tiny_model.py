@@ -101,7 +101,10 @@ def build_tokenizer(root: Path, vocab_size: int = 2048):
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one: ids and numbers are copied from prompts and observations token by token, and a
+    # learned merge like "009" | "8" would make every id its own pattern (as Llama and Qwen tokenizers do).
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
