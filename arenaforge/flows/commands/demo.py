@@ -1,7 +1,7 @@
 """`arenaforge demo`: the whole pipeline on the bundled sample data, offline, into a local DuckDB.
 
-Runs the real flows in order — ingest → graph → sft → envs → (optionally) rollout + GRPO +
-eval on the tiny locally built model — with the offline backend and the project's own sample
+Runs the real flows in order — ingest → graph → sft → envs → (with --train) warm start + GRPO of the
+default policy on the train split and its evaluation on the test split — with the offline backend and the project's own sample
 tool documents (`arenaforge/tasks/data/sample_tools/`) and knowledge source (`arenaforge/tasks/data/sample_source/`).
 Needs no model endpoint, no network and no ../shared data. Re-running it adds no duplicates.
 """
@@ -78,16 +78,17 @@ def demo(
     console.print("Browse: arenaforge db show environments | arenaforge envs show <id> | arenaforge db show trajectories")
 
 
-TRAIN_MIN_QAS = 400
+TRAIN_MIN_QAS = 2000  # the recipe's data size (`bench learning`)
 
 
 def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
     """The default policy's recipe (`arenaforge bench learning` measures it): warm start, GRPO, eval on the test split."""
     from arenaforge.flows.train_flows import train_grpo
-    from arenaforge.tasks.train.jobs import GrpoParams
+    from arenaforge.tasks.train.jobs import RECIPE, GrpoParams
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
-    return [("train-grpo", lambda: train_grpo(GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **base)))]
+    params = GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **RECIPE, **base)
+    return [("train-grpo", lambda: train_grpo(params))]
 
 
 def _headline(result: Any) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 from arenaforge.schemas.config import load_config
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.schemas.models import Rollout
+from arenaforge.tasks.train.jobs import RECIPE
 from arenaforge.warehouse import Warehouse
 
 BOOTSTRAP = 2000
@@ -84,9 +85,11 @@ def _bfcl(paths: dict[str, str], limit: int) -> dict[str, Any]:
     return out
 
 
-def main(out: str = "out/bench-learning", n: int = 400, model: str = "arena-small", warmstart_steps: int = 600,
-         warmstart_lr: float = 1e-3, grpo_steps: int = 20, grpo_lr: float = 5e-5, group_size: int = 8,
-         batch_groups: int = 4, temperature: float = 1.0, test_share: float = 0.2, bfcl_limit: int = 30,
+def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-small",
+         warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
+         warmstart_lr: float = RECIPE["warmstart_lr"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
+         group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
+         test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 30,
          sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL."""
     from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
@@ -101,7 +104,8 @@ def main(out: str = "out/bench-learning", n: int = 400, model: str = "arena-smal
                                                                                  "reused": str(db)}
     params = GrpoParams(db=str(db), model_path=model, out_dir=str(root / "train"), experiment=f"grpo-seed{seed}",
                         steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
-                        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, seed=seed,
+                        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
+                        warmstart_batch_size=warmstart_batch_size, eval_limit=eval_limit, seed=seed,
                         envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
     params = params.model_copy(update={"episode": params.episode.model_copy(update={"temperature": temperature})})
     import os
@@ -162,6 +166,7 @@ def main(out: str = "out/bench-learning", n: int = 400, model: str = "arena-smal
         load = []
     return {
         "config": {"model": model, "n": n, "warmstart_steps": warmstart_steps, "warmstart_lr": warmstart_lr,
+                   "warmstart_batch_size": warmstart_batch_size, "eval_limit": eval_limit,
                    "grpo_steps": grpo_steps, "grpo_lr": grpo_lr, "group_size": group_size, "batch_groups": batch_groups,
                    "temperature": temperature, "test_share": test_share, "seed": seed},
         "data": data, "stages": stages, "grpo_vs_warmstart": delta,

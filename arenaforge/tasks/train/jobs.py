@@ -145,6 +145,11 @@ class GrpoParams(PolicyParams):
     verl: VerlParams = Field(default=VerlParams(), description="Scale-out: hand the job to verl on a Ray cluster.")
 
 
+# The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
+RECIPE: dict[str, Any] = {"warmstart_steps": 250, "warmstart_batch_size": 16, "warmstart_lr": 3e-3, "steps": 15,
+                          "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 200}
+
+
 class WarmstartParams(_Params):
     out: str = Field(description="Directory for warmstart.jsonl.")
     envs: EnvSelection = EnvSelection(split="train")
@@ -182,6 +187,15 @@ def model_path_for(path: str | None) -> str:
 
 
 def select_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
+    """Environments from the warehouse, filtered and restricted to the stored split; an input error when none."""
+    envs = matching_envs(wh, sel)
+    if not envs:
+        raise InputError(f"no environments in {wh.path} match {sel.model_dump(exclude_defaults=True) or 'the selection'}"
+                         " (run `arenaforge envs ...` first)")
+    return envs
+
+
+def matching_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
     """Environments from the warehouse, filtered and restricted to the stored split (assigned on first use)."""
     from arenaforge.tasks.train.splits import ensure_splits
 
@@ -193,12 +207,7 @@ def select_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
         split = "test" if sel.split == "eval" else sel.split
         rows = ensure_splits(wh, scheme=sel.scheme, test_share=sel.test_share, seed=sel.split_seed)
         envs = [e for e in envs if rows[e.id].split == split]
-    if sel.limit:
-        envs = envs[: sel.limit]
-    if not envs:
-        raise InputError(f"no environments in {wh.path} match {sel.model_dump(exclude_defaults=True) or 'the selection'}"
-                         " (run `arenaforge envs ...` first)")
-    return envs
+    return envs[: sel.limit] if sel.limit else envs
 
 
 def engine_factory(params: PolicyParams) -> Callable[[Any, Any], PolicyEngine]:
@@ -319,8 +328,10 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
     from arenaforge.tasks.train.splits import ensure_splits
 
     path = model_path_for(params.model_path)
-    test_envs = select_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": params.eval_limit})
-                            ) if params.evaluate else []
+    test_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [],
+                                                                 "limit": params.eval_limit})) if params.evaluate else []
+    if params.evaluate and not test_envs:
+        log.info("no test environments in this warehouse's split: nothing to evaluate on")
     evals: dict[str, dict[str, Any]] = {}
     eval_episode = params.episode.model_copy(update={"temperature": 0.0})
 
@@ -438,7 +449,7 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
         max_turns=params.episode.max_turns, total_steps=v.total_steps, save_freq=params.checkpoint_every,
         nnodes=v.nnodes, gpus_per_node=v.gpus_per_node, tensor_parallel=v.tensor_parallel,
     )
-    eval_envs = select_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
+    eval_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
     with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
         job = write_job(spec, envs, eval_envs)
         job_id = None if v.spec_only or not v.ray_address else submit(job, v.ray_address)
