@@ -89,7 +89,7 @@ def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-sma
          warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
          warmstart_lr: float = RECIPE["warmstart_lr"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
          group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
-         test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 30,
+         test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
          sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL."""
     from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job

@@ -146,28 +146,31 @@ class GrpoParams(PolicyParams):
 
 
 # The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
-RECIPE: dict[str, Any] = {"warmstart_steps": 250, "warmstart_batch_size": 16, "warmstart_lr": 3e-3, "steps": 15,
-                          "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 200}
+RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3, "steps": 12,
+                          "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 150}
 
 
 class WarmstartParams(_Params):
-    out: str = Field(description="Directory for warmstart.jsonl.")
-    envs: EnvSelection = EnvSelection(split="train")
+    out: str = Field(description="Folder to write warmstart.jsonl to.")
+    envs: EnvSelection = Field(default=EnvSelection(split="train"), description="Environments whose gold calls are "
+                               "replayed (default: the train split).")
 
 
 class SftParams(_Params):
     data: str = Field(description="SFT export: OpenAI messages+tools JSONL.")
-    model_path: str | None = None
-    experiment: str = "sft"
-    out_dir: str | None = None
-    epochs: int = Field(default=1, ge=1)
-    max_steps: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    lr: float = Field(default=1e-5, gt=0)
-    max_length: int = Field(default=4096, ge=16)
-    checkpoint_every: int = Field(default=50, ge=1)
-    keep_optimizer: int = Field(default=2, ge=1, le=2)
-    seed: int = 0
+    model_path: str | None = Field(default=None, description="Model dir or checkpoint, or a named policy "
+                                   "(arena-small, the default; tiny; smollm2-135m).")
+    experiment: str = Field(default="sft", description="Name; checkpoints go to the folder `OUT_DIR/EXPERIMENT`.")
+    out_dir: str | None = Field(default=None, description="Parent folder of experiments (default: the config's "
+                                "out_dir + `/train`).")
+    epochs: int = Field(default=1, ge=1, description="Passes over the data.")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps (default: all epochs).")
+    batch_size: int = Field(default=4, ge=1, description="Examples per step.")
+    lr: float = Field(default=1e-5, gt=0, description="Learning rate (constant after warm-up).")
+    max_length: int = Field(default=4096, ge=16, description="Tokens per example (longer ones are cut).")
+    checkpoint_every: int = Field(default=50, ge=1, description="Save weights every k steps (and at the last).")
+    keep_optimizer: int = Field(default=2, ge=1, le=2, description="Checkpoints that keep optimizer state (resume).")
+    seed: int = Field(default=0, description="Seed of the data order.")
 
 
 # --------------------------------------------------------------------------- helpers
