@@ -35,21 +35,32 @@ class WarehouseConfig(_Section):
 
 
 class ModelConfig(_Section):
-    backend: Literal["offline", "openai"] = Field(default="offline", description="offline needs no endpoint.")
+    """The model every model-driven step talks to, built once per run (tasks/models/providers/)."""
+
+    backend: str = Field(default="offline", description="Provider: offline (deterministic generators, no endpoint), "
+                                                        "openai (any OpenAI-compatible endpoint), or any provider "
+                                                        "module added under tasks/models/providers/.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(default="offline", description="Model name sent to the endpoint.")
     api_key: str | None = Field(default=None, description="Key for the endpoint (vLLM accepts any).")
-    timeout_s: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=5, ge=0, description="Retries on timeout, connection error, 429 and 5xx.")
+    timeout_s: float = Field(default=60.0, gt=0, description="Seconds one request may take, from when it is sent "
+                                                           "(time queued for a concurrency slot is not counted).")
+    max_retries: int = Field(default=5, ge=0, description="Retries of a request that can succeed: connection errors, "
+                                                        "timeouts, 408, 429, 502-504, truncated bodies.")
     backoff_base_s: float = Field(default=0.5, gt=0, description="First backoff; doubles per retry, with full jitter.")
-    backoff_max_s: float = Field(default=20.0, gt=0)
+    backoff_max_s: float = Field(default=20.0, gt=0, description="Longest pause between retries (a server's "
+                                                               "Retry-After is capped by it).")
+    retry_budget_s: float = Field(default=120.0, gt=0, description="Longest time one request may spend retrying.")
     max_reasks: int = Field(default=2, ge=0, description="Re-asks when the answer breaks the step's JSON Schema.")
-    concurrency_initial: int = Field(default=16, ge=1)
-    concurrency_max: int = Field(default=128, ge=1)
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=2048, ge=1)
-    seed: int = Field(default=0)
-    cache: bool = Field(default=True, description="Cache every response in the warehouse.")
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
+        default="auto", description="How a JSON answer is asked for: auto negotiates json_schema, then json_object "
+                                    "with the schema in the prompt, then the schema in the prompt only.")
+    concurrency_initial: int = Field(default=16, ge=1, description="Requests in flight at the start (AIMD slow start).")
+    concurrency_max: int = Field(default=128, ge=1, description="Most requests in flight to the endpoint.")
+    temperature: float = Field(default=0.7, ge=0, description="Sampling temperature where a step does not set one.")
+    max_tokens: int = Field(default=2048, ge=1, description="Cap on the tokens of one answer (steps ask for less).")
+    seed: int = Field(default=0, description="Seed sent with every request where a step does not set one.")
+    cache: bool = Field(default=True, description="Cache every response in the warehouse: a re-run makes no calls.")
 
 
 class SandboxConfig(_Section):

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from arenaforge.schemas.base import Frozen, Provenance, Record
+from arenaforge.schemas.errors import ArenaforgeError, FailureKind
+from arenaforge.schemas.reasons import RejectReason
 
 JsonSchema = dict[str, Any]
 
@@ -65,6 +67,7 @@ class Tool(Record):
     KIND = "tool"
     ID_PREFIX = "tool"
     TABLE = "tools"
+    ID_EXCLUDE = frozenset({"source_ref"})  # an absolute path: the same document from two checkouts is one tool
 
     server: str = Field(description="Name of the server (service) the tool belongs to.")
     function: FunctionDoc
@@ -330,7 +333,7 @@ class Run(Record):
 
 
 class Rejection(Record):
-    """A record a stage refused, kept with its reason (never silently dropped)."""
+    """A record a stage refused, or could not produce, kept with its reason (never silently dropped)."""
 
     KIND = "rejection"
     ID_PREFIX = "rej"
@@ -338,10 +341,32 @@ class Rejection(Record):
 
     stage: str = Field(description="Stage that rejected it, e.g. ingest, verify_qa, sandbox_verify.")
     subject: str = Field(description="Id or name of the rejected thing.")
-    reason: str = Field(description="Short machine-readable reason code.")
-    detail: str = Field(default="", description="Human-readable explanation.")
+    reason: RejectReason = Field(description="Machine-readable reason code (schemas/reasons.py).")
+    detail: str = Field(default="", description="Human-readable explanation, with the full error text.")
     payload: Any = Field(default=None, description="The rejected content, as JSON.")
-    environment_failure: bool = Field(default=False, description="True when the environment, not the data, failed.")
+    kind: FailureKind = Field(
+        default=FailureKind.QUALITY,
+        description="quality_rejection: the record's own data failed a check; invalid_output: the model never "
+                    "answered within the step's contract; provider_* / infrastructure: what it depended on failed.")
+    environment_failure: bool = Field(
+        default=False, description="True when what the record depended on (model endpoint, sandbox, MCP server) failed, "
+                                   "not the record: such failures are excluded from quality figures and rewards.")
+
+    @model_validator(mode="after")
+    def _kind_and_flag_agree(self) -> "Rejection":
+        # rows written before `kind` existed carry only the flag: an environment failure of unknown kind
+        if self.environment_failure and not self.kind.environment_failure:
+            object.__setattr__(self, "kind", FailureKind.INFRASTRUCTURE)
+        object.__setattr__(self, "environment_failure", self.kind.environment_failure)
+        return self
+
+    @classmethod
+    def of_error(cls, stage: str, subject: str, err: ArenaforgeError, **fields: Any) -> "Rejection":
+        """The row a typed failure becomes: its kind, the reason code for that kind, its whole message."""
+        reason = {FailureKind.INVALID_OUTPUT: RejectReason.INVALID_MODEL_OUTPUT,
+                  FailureKind.INFRASTRUCTURE: RejectReason.SANDBOX_FAILURE}.get(err.kind, RejectReason.PROVIDER_ERROR)
+        return cls(stage=stage, subject=subject, reason=fields.pop("reason", reason), detail=str(err),
+                   kind=err.kind, **fields)
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (

@@ -53,7 +53,7 @@ def test_lineage_and_run_ids_are_stored(tmp_warehouse):
 
 def test_batch_is_atomic_across_tables(tmp_warehouse):
     good = _tools(3)
-    bad = Rejection(stage="s", subject="x", reason="r")
+    bad = Rejection(stage="s", subject="x", reason="malformed_json")
     object.__setattr__(bad, "reason", 42)  # breaks the contract after construction
     with pytest.raises(Exception):
         tmp_warehouse.upsert([*good, bad])

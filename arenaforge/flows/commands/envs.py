@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
 from arenaforge.schemas.errors import InputError
 
@@ -56,7 +56,7 @@ def synth(
             overrides=st.overrides)
     except ValueError as err:
         raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
-    counts = envs(params)
+    counts = run_flow(envs(params))
     typer.echo(json.dumps(counts, indent=2))
 
 

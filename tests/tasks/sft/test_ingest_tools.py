@@ -14,7 +14,13 @@ import pytest
 
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.contracts import check_json_schema
-from arenaforge.tasks.sft.ingest_tools import check_schema_fast, detect_format, ingest_mcp, ingest_paths, normalise_schema
+from arenaforge.tasks.sft.ingest_tools import (
+    check_schema_fast,
+    detect_format,
+    ingest_mcp,
+    ingest_paths,
+    normalise_schema,
+)
 from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
@@ -131,8 +137,8 @@ def test_every_shared_tool_doc_folder_loads(shared_data):
 
 def test_live_mcp_servers_time_and_git_are_ingested(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    result = ingest_mcp([str(VENV_BIN / "mcp-server-time"), f"{VENV_BIN / 'mcp-server-git'} --repository {tmp_path}"],
-                        SftConfig())
+    result = asyncio.run(ingest_mcp([str(VENV_BIN / "mcp-server-time"),
+                                     f"{VENV_BIN / 'mcp-server-git'} --repository {tmp_path}"], SftConfig()))
     servers = {s.name: s for s in result.servers}
     assert set(servers) == {"mcp.mcp-time", "mcp.mcp-git"}
     assert servers["mcp.mcp-time"].tool_names == ["convert_time", "get_current_time"]
@@ -144,7 +150,7 @@ def test_live_mcp_servers_time_and_git_are_ingested(tmp_path):
 
 
 def test_mcp_servers_that_fail_to_start_are_rejections():
-    result = ingest_mcp(["/nonexistent/mcp-server", [*FLAKY, "--no-handshake"]], SftConfig(mcp_timeout_s=2))
+    result = asyncio.run(ingest_mcp(["/nonexistent/mcp-server", [*FLAKY, "--no-handshake"]], SftConfig(mcp_timeout_s=2)))
     assert result.tools == []
     assert [r.reason for r in result.rejections] == ["mcp_unavailable", "mcp_unavailable"]
     assert all(r.environment_failure for r in result.rejections)
