@@ -3,6 +3,7 @@ append-only, and no test environment reaches any training input (warm start, GRP
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.support.rl import tiny_env
 def synthesized(tmp_path_factory) -> Path:
     """A warehouse with 48 offline environments from the bundled sample source (process sandbox)."""
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.warehouse import Warehouse
 
     db = tmp_path_factory.mktemp("splits") / "wh.duckdb"
@@ -28,8 +30,13 @@ def synthesized(tmp_path_factory) -> Path:
                                        "model.backend": "offline"})
     wh = Warehouse(db)
     spec = EnvsSpec(sources=["sample"], n=48, seed=0)
-    qa_ids, _ = synthesize_qas(cfg, wh, "test", spec)
-    build_environments(cfg, wh, "test", spec, qa_ids)
+
+    async def build() -> None:
+        async with open_run_scope(cfg, wh, "test") as run:
+            qa_ids, _ = await synthesize_qas(run, spec)
+            await build_environments(run, spec, qa_ids)
+
+    asyncio.run(build())
     return db
 
 

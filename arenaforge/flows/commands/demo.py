@@ -53,7 +53,8 @@ def demo(
 
     if train:
         if n < TRAIN_MIN_QAS:  # a train/test split needs more than a handful of environments
-            steps[-1] = ("envs", lambda: envs(EnvsParams(sources=[_sample("sample_source")], n=TRAIN_MIN_QAS, **common)))
+            steps[-1] = ("envs", lambda: run_flow(envs(EnvsParams(sources=[_sample("sample_source")], n=TRAIN_MIN_QAS,
+                                                                  **common))))
         steps += _training_steps(st, out_dir)
 
     summary = []
@@ -88,7 +89,7 @@ def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
     params = GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **RECIPE, **base)
-    return [("train-grpo", lambda: train_grpo(params))]
+    return [("train-grpo", lambda: run_flow(train_grpo(params)))]
 
 
 def _headline(result: Any) -> str:

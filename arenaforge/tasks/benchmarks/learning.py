@@ -45,22 +45,24 @@ def _episode_f1(wh: Warehouse, eval_run_id: str) -> dict[str, float]:
     return {r.env_id: r.reward.f1 for r in rollouts if r.status != "env_failure"}
 
 
-def _synthesize(cfg: Any, wh: Warehouse, n: int, seed: int) -> dict[str, Any]:
+async def _synthesize(cfg: Any, wh: Warehouse, n: int, seed: int) -> dict[str, Any]:
     """Offline SFT-track trajectories and RL environments from the bundled sample data."""
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.tasks.sft import stages
 
     data = resources.files("arenaforge.tasks.data")
     started = time.perf_counter()
-    stages.ingest(cfg, wh, "bench-learning", [str(data.joinpath("sample_tools"))])
-    stages.build_graphs(cfg, wh, "bench-learning")
-    chains, _ = stages.sample_chains(cfg, wh, "bench-learning", seed=seed)
-    tasks, _ = stages.synthesize_tasks(cfg, wh, "bench-learning", chains, seed=seed)
-    trajectories, _ = stages.run_trajectories(cfg, wh, "bench-learning", tasks, seed=seed)
-    kept, _ = stages.judge(cfg, wh, "bench-learning", trajectories)
-    spec = EnvsSpec(sources=["sample"], n=n, seed=seed)
-    qa_ids, _ = synthesize_qas(cfg, wh, "bench-learning", spec)
-    build_environments(cfg, wh, "bench-learning", spec, qa_ids)
+    async with open_run_scope(cfg, wh, "bench-learning") as run:
+        await stages.ingest(run, [str(data.joinpath("sample_tools"))])
+        await stages.build_graphs(run)
+        chains, _ = await stages.sample_chains(run, seed=seed)
+        tasks, _ = await stages.synthesize_tasks(run, chains, seed=seed)
+        trajectories, _ = await stages.run_trajectories(run, tasks, seed=seed)
+        kept, _ = await stages.judge(run, trajectories)
+        spec = EnvsSpec(sources=["sample"], n=n, seed=seed)
+        qa_ids, _ = await synthesize_qas(run, spec)
+        await build_environments(run, spec, qa_ids)
     return {"kept_trajectories": len(kept), "environments": wh.count("environments"),
             "seconds": round(time.perf_counter() - started, 1)}
 
@@ -100,8 +102,10 @@ def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-sma
     db = root / "learning.duckdb"
     cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": sandbox, "model.backend": "offline"})
     wh = Warehouse(db)
-    data = _synthesize(cfg, wh, n, seed) if wh.count("environments") == 0 else {"environments": wh.count("environments"),
-                                                                                 "reused": str(db)}
+    # The training jobs below are sync entry points that run their own event loops (as for the flows), so this
+    # bench is sync too and runs the async synthesis stages in one loop of its own.
+    data = asyncio.run(_synthesize(cfg, wh, n, seed)) if wh.count("environments") == 0 else {
+        "environments": wh.count("environments"), "reused": str(db)}
     params = GrpoParams(db=str(db), model_path=model, out_dir=str(root / "train"), experiment=f"grpo-seed{seed}",
                         steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
                         warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
