@@ -94,8 +94,15 @@ def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-sma
          test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
          sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL."""
+    import logging
+    import sys
+
     from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
 
+    progress = logging.getLogger("arenaforge")  # per-step lines on stderr; the JSON result goes to stdout
+    if not progress.handlers:
+        progress.addHandler(logging.StreamHandler(sys.stderr))
+        progress.setLevel(logging.INFO)
     started = time.perf_counter()
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
