@@ -178,3 +178,48 @@ def test_sft_and_build_tiny_model_commands(wh, tmp_path):
                "--out-dir", str(tmp_path), "--epochs", "2", "--checkpoint-every", "1")
     assert out["last_step"] == 2 and out["last_loss"] > 0
     assert [s.step for s in wh.load(TrainStep) if s.algorithm == "sft"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_warehouse, tmp_path, monkeypatch):
+    """Warm start + GRPO from the CLI on synthesized environments: per-step log lines, the test-split table of
+    untrained / warm start / warm start + GRPO, and artifacts under stable keys (issues 11 and 12)."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from arenaforge.schemas.config import load_config
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
+
+    monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
+    cfg = load_config(None, overrides={"warehouse.path": str(tmp_warehouse.path), "sandbox.backend": "process",
+                                       "model.backend": "offline"})
+    spec = EnvsSpec(sources=["sample"], n=32, seed=0)
+
+    async def build() -> None:
+        async with open_run_scope(cfg, tmp_warehouse, "test") as run:
+            await build_environments(run, spec, (await synthesize_qas(run, spec))[0])
+
+    asyncio.run(build())
+    monkeypatch.chdir(tmp_path)  # the config's out_dir (./out), where the curves PNG goes
+    result = CliRunner().invoke(app, ["--db", str(tmp_warehouse.path), "train", "grpo", "--model-path", "tiny",
+                                      "--out-dir", str(tmp_path), "--warmstart-steps", "2", "--steps", "2",
+                                      "--group-size", "2", "--batch-groups", "1", "--max-groups-per-step", "2",
+                                      "--max-turns", "1", "--max-length", "24", "--max-tokens-per-turn", "8",
+                                      "--eval-limit", "2"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "grpo step 1/2: reward" in out and "zero-variance share" in out and "groups used" in out
+    assert "untrained" in out and "warm start + GRPO" in out and "format errors" in out  # the printed table
+    evals = tmp_warehouse.load(EvalRun)
+    assert sorted(e.label for e in evals) == ["untrained", "warm start", "warm start + GRPO"]
+    assert all(e.episodes == 2 for e in evals)
+    pngs = list((tmp_path / "out").glob("train-grpo-grpo-curves-run_*.png"))
+    assert len(pngs) == 1
+    with get_client(sync_client=True) as client:
+        found = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+                 for key in ("train-grpo-summary", "train-grpo-curves")}
+    assert "warm start + GRPO" in found["train-grpo-summary"][-1].data
+    assert "data:image/png;base64," in found["train-grpo-curves"][-1].data

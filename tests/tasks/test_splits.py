@@ -20,7 +20,7 @@ from tests.support.rl import tiny_env
 
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory) -> Path:
-    """A warehouse with 48 offline environments from the bundled sample source (process sandbox)."""
+    """A warehouse with 32 offline environments from the bundled sample source (process sandbox)."""
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.warehouse import Warehouse
@@ -29,7 +29,7 @@ def synthesized(tmp_path_factory) -> Path:
     cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": "process",
                                        "model.backend": "offline"})
     wh = Warehouse(db)
-    spec = EnvsSpec(sources=["sample"], n=48, seed=0)
+    spec = EnvsSpec(sources=["sample"], n=32, seed=0)
 
     async def build() -> None:
         async with open_run_scope(cfg, wh, "test") as run:
