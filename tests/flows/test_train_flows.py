@@ -83,7 +83,7 @@ def test_grpo_hf_engine_writes_metrics_checkpoints_and_resumes(wh, tmp_path):
 def test_grpo_after_warmstart_learns_on_the_tiny_model(wh, tmp_path):
     """Warm start (60 SFT steps on gold-call replays), then GRPO with the hf engine: rewards and real updates."""
     common = ["train", "grpo", "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--split", "all",
-              "--warmstart-steps", "60"]
+              "--warmstart-steps", "60", "--warmstart-lr", "1e-2", "--checkpoint-every", "1"]
     out = _run(wh, *common, "--steps", "2")
     assert out["warmstart"]["steps"] == 60 and out["warmstart"]["examples"] == 2
     assert out["warmstart"]["last_loss"] < 0.1
@@ -216,7 +216,7 @@ def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_wareh
     evals = tmp_warehouse.load(EvalRun)
     assert sorted(e.label for e in evals) == ["untrained", "warm start", "warm start + GRPO"]
     assert all(e.episodes == 2 for e in evals)
-    pngs = list((tmp_path / "out").glob("train-grpo-grpo-curves-run_*.png"))
+    pngs = list((tmp_path / "out").glob("train-grpo-grpo-curves-run-*.png"))
     assert len(pngs) == 1
     with get_client(sync_client=True) as client:
         found = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
