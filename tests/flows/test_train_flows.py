@@ -211,7 +211,12 @@ def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_wareh
                                       "--eval-limit", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = result.output
-    assert "grpo step 1/2: reward" in out and "zero-variance share" in out and "groups used" in out
+    from arenaforge.tasks.train.run_grpo import step_line
+
+    steps = [s for s in tmp_warehouse.load(TrainStep) if s.algorithm == "grpo"]
+    assert [s.step for s in steps] == [1, 2]  # each step's numbers, as its log line words them
+    line = step_line("grpo", 1, 2, steps[0].metrics)
+    assert line.startswith("grpo step 1/2: reward") and "zero-variance share" in line and "groups used" in line
     assert "untrained" in out and "warm start + GRPO" in out and "format errors" in out  # the printed table
     evals = tmp_warehouse.load(EvalRun)
     assert sorted(e.label for e in evals) == ["untrained", "warm start", "warm start + GRPO"]
