@@ -174,13 +174,46 @@ class JudgeScore(Record):
 
 
 # --------------------------------------------------------------------------- RL track
+class Evidence(Frozen):
+    """How a sub-answer follows from the knowledge source. A model may propose it; only the source decides.
+
+    lookup   the `column` of the `table` row whose `key` column holds `value`
+    count    how many rows of `table` have `value` in `key`
+    sum      the total of `column` over the rows of `table` with `value` in `key` (rounded to 2 places)
+    span     `text`, found verbatim in passage `passage` of a text source (its `passages` table)
+    compare  a reasoning step: of the sub-QAs `of`, the `labels` entry of the one whose answer is largest
+             (op max) or smallest (op min)
+    """
+
+    kind: Literal["lookup", "count", "sum", "span", "compare"]
+    table: str | None = Field(default=None, description="lookup/count/sum: the table.")
+    key: str | None = Field(default=None, description="lookup/count/sum: the column the question names a value of.")
+    value: Any = Field(default=None, description="lookup/count/sum: that value.")
+    column: str | None = Field(default=None, description="lookup: the column answered; sum: the column totalled.")
+    text: str | None = Field(default=None, description="span: the exact words of the source that state the answer.")
+    passage: str | None = Field(default=None, description="span: id of the passage holding `text`.")
+    of: list[int] = Field(default_factory=list, description="compare: indices of the sub-QAs compared.")
+    labels: list[str] = Field(default_factory=list, description="compare: the name each compared sub-QA stands for.")
+    op: Literal["max", "min"] | None = Field(default=None, description="compare: which one wins.")
+
+    def summary(self) -> str:
+        """One line for people: `lookup customers.city by customer_id = CU107`."""
+        if self.kind == "span":
+            return f"span of passage {self.passage}: {self.text!r}"
+        if self.kind == "compare":
+            return f"{self.op} of sub-QAs {self.of} ({', '.join(self.labels)})"
+        what = self.table if self.kind == "count" else f"{self.table}.{self.column}"
+        return f"{self.kind} {what} by {self.key} = {self.value}"
+
+
 class SubQA(Frozen):
     index: int = Field(ge=1, description="1-based index; 0 is reserved for the main question.")
     question: str
     answer: str
     depends_on: list[int] = Field(default_factory=list, description="Indices of sub-QAs whose answers this one needs.")
     needs_tool: bool = True
-    evidence: str | None = Field(default=None, description="How the answer was derived (e.g. the SQL over the source).")
+    evidence: Evidence | None = Field(default=None, description="How the answer follows from the knowledge source "
+                                                                "(every tool-needing sub-QA has it, checked on the source).")
 
 
 class QAInstance(Record):
@@ -292,11 +325,13 @@ class ToolObservation(Frozen):
     """What one tool call returned, as the agent sees it (rStar2-Agent's four outcomes plus limit hits)."""
 
     outcome: ToolOutcome = Field(
-        description="ok: output; no_output: ran, printed/returned nothing; error: raised (traceback in error); "
-        "timeout: exceeded its wall-clock limit; limit: hit a memory/pids/output limit or killed its worker."
+        description="ok: output; no_output: ran, printed/returned nothing; error: raised (its message in error); "
+        "timeout: ran past its time limit; limit: hit a memory/pids/CPU/output limit or crashed its session. "
+        "(A failure of the sandbox itself is never an outcome: the runtime raises an EnvironmentFailure.)"
     )
     output: str = Field(default="", description="Returned value rendered as text (JSON for structured values).")
-    error: str | None = Field(default=None, description="Exception type, message and traceback, or the limit hit.")
+    error: str | None = Field(default=None, description="The error as the agent sees it (`Error: <message>`), or the limit hit.")
+    traceback: str | None = Field(default=None, description="The tool's traceback when it raised (for debugging, not shown).")
     truncated: bool = Field(default=False, description="Output was cut at the output limit (marked in the text).")
     duration_s: float = Field(default=0.0, ge=0)
 
@@ -325,6 +360,8 @@ class Run(Record):
     finished_at: str | None = None
     counts: dict[str, int] = Field(default_factory=dict)
     error: str | None = None
+    host: str | None = Field(default=None, description="Machine whose process runs it (to tell a crashed run).")
+    pid: int | None = Field(default=None, description="Process that runs it.")
 
     def compute_id(self) -> str:  # status/finish change over a run's life; identity doesn't
         from arenaforge.schemas.ids import content_id
@@ -386,6 +423,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
 __all__ = [
     "ChatMessage",
     "Environment",
+    "Evidence",
     "FunctionCall",
     "FunctionDoc",
     "GoldCall",

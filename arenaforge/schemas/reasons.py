@@ -14,6 +14,7 @@ class RejectReason(StrEnum):
 
     # ingest: tool documents and live MCP servers
     MISSING_PATH = "missing_path"
+    UNREADABLE_FILE = "unreadable_file"
     MALFORMED_JSON = "malformed_json"
     UNRECOGNISED_FORMAT = "unrecognised_format"
     NO_TOOL_DOCUMENTS = "no_tool_documents"

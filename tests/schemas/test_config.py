@@ -70,3 +70,20 @@ def test_unknown_model_backend_is_one_clear_line_when_the_model_is_built():
 def test_missing_explicit_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_every_config_field_is_described():
+    """The descriptions are the documentation of arenaforge.toml and the help of the Prefect forms."""
+    from arenaforge.schemas.config import Config
+
+    missing = []
+
+    def walk(model, prefix=""):
+        for name, f in model.model_fields.items():
+            if hasattr(f.annotation, "model_fields"):
+                walk(f.annotation, f"{prefix}{name}.")
+            elif not f.description:
+                missing.append(prefix + name)
+
+    walk(Config)
+    assert missing == []

@@ -89,7 +89,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
     if qa is not None:
         console.print(f"[bold]QA graph[/bold] ({qa.structure}, {qa.hop_level} hops): {qa.main_question} -> {qa.main_answer}")
         print_rows(["#", "depends on", "question", "answer", "tool", "evidence"],
-                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence)
+                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence.summary() if s.evidence else "")
                     for s in qa.sub_qas], width=60)
     print_rows(["sub-QA", "call", "gold answer"],
                [(c.sub_qa, f"{c.tool}({json.dumps(c.arguments)})", c.answer) for c in env.calls], title="gold calls", width=70)

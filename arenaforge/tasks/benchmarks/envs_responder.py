@@ -66,16 +66,19 @@ class EnvsResponder:
                     "sub_qas": [
                         {"index": 1, "question": f"Which customer placed order {order_id}?", "answer": customer_id,
                          "depends_on": [], "needs_tool": True,
-                         "evidence_sql": f"SELECT customer_id FROM orders WHERE order_id = '{order_id}'"},
+                         "evidence": {"kind": "lookup", "table": "orders", "key": "order_id", "value": order_id,
+                                      "column": "customer_id"}},
                         {"index": 2, "question": f"What is the {label} of customer {customer_id}?", "answer": value,
                          "depends_on": [1], "needs_tool": True,
-                         "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{customer_id}'"}]}
+                         "evidence": {"kind": "lookup", "table": "customers", "key": "customer_id",
+                                      "value": customer_id, "column": attr}}]}
         cid = sorted(self.customers)[(k // 8) % len(self.customers)]
         value = self.customers[cid][attr]
         return {"main_question": f"Which {label} is on file for customer {cid}?", "main_answer": value,
                 "sub_qas": [{"index": 1, "question": f"What is the {label} of customer {cid}?", "answer": value,
                              "depends_on": [], "needs_tool": True,
-                             "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{cid}'"}]}
+                             "evidence": {"kind": "lookup", "table": "customers", "key": "customer_id", "value": cid,
+                                          "column": attr}}]}
 
     def verify(self, prompt: str) -> dict[str, Any]:
         qa = json.loads(prompt.split("Task:\n", 1)[1].split("\n\nChecks:", 1)[0])
@@ -106,20 +109,18 @@ class EnvsResponder:
         doc = json.loads(prompt.split("Tool document:\n", 1)[1].split("\n\nSub-question", 1)[0])
         name = doc["name"]
         key = next(p for p in doc["parameters"]["required"])
-        question = re.search(r"Sub-question it must answer: (.*)", prompt).group(1)  # type: ignore[union-attr]
         answer = re.search(r"Gold answer the call must return: (.*)", prompt).group(1)  # type: ignore[union-attr]
-        key_value = re.findall(r"\b([A-Z]{2}\d{3,4})\b", question)[-1]
+        column = re.search(r"What the tool computes: the (\w+) of the", prompt).group(1)  # type: ignore[union-attr]
+        key_value = re.search(r"\(its \w+ is (.*)\)\.", prompt).group(1)  # type: ignore[union-attr]
         if self.bad_code == "loop":
             code = f"def {name}({key}, verbose=False):\n    while True:\n        pass\n"
-        elif self.bad_code == "leak":
+        elif self.bad_code == "leak":  # the answer it was told, whatever it is asked
             code = f"def {name}({key}, verbose=False):\n    return {answer!r}\n"
         else:
-            code = (f"def {name}({key}, verbose=False):\n    row = DATA[{name!r}].get({key})\n    if row is None:\n"
-                    f"        raise ValueError('unknown ' + str({key}))\n    return row if verbose else {{'value': row['value']}}\n")
-        others = {f"ZZ{900 + i}": {"value": f"other-{i}"} for i in range(3)}
-        kind = name.removeprefix("lookup_")
-        return {"code": code, "mock_data": {key_value: {"value": answer}, **others},
-                "call": {"arguments": {key: key_value}}, "operation": f"lookup:{kind}:by:{key}", "returns": "object"}
+            code = (f"def {name}({key}, verbose=False):\n    row = DATA[{name!r}].get(str({key}))\n    if row is None:\n"
+                    f"        raise ValueError('unknown ' + str({key}))\n"
+                    f"    return row if verbose else {{{column!r}: row[{column!r}]}}\n")
+        return {"code": code, "call": {"arguments": {key: key_value}}}
 
     def merge(self, prompt: str) -> dict[str, Any]:
         names = re.findall(r'"tool": "([^"]+)"', prompt)

@@ -2,35 +2,31 @@
 
 One step for every provider: the ASTRA-style prompt (tasks/prompts/envs_decompose.txt) is rendered per
 instance with the knowledge source's summary, the wanted structure, the hop budget and (conditioned
-mode) a seed question, and the run's `ChatModel` answers it as JSON validated against `QA_SCHEMA`
-(the offline provider from `tasks/offline/envs_decompose.py`, which queries the source's tables).
-Evidence SQL a tool-needing sub-QA carries is run on the source and must reproduce its answer; the
-structure label and hop level are computed from the dependency graph, never trusted from the answer.
-
-Canonical evidence forms, which environment synthesis reads back (`parse_evidence`):
-
-    SELECT "attr" FROM "table" WHERE "key" = 'v'                  (lookup)
-    SELECT count(*) FROM "table" WHERE "col" = 'v'                (count)
-    SELECT round(sum("attr"), 2) FROM "table" WHERE "col" = 'v'   (sum)
+mode) a seed question, and the run's `ChatModel` answers it as JSON validated against `QA_SCHEMA` (the
+offline provider from `tasks/offline/envs_decompose.py`, which queries the source's tables). The
+answer is then held to the source (`tasks/envs/grounding.py`): every tool-needing sub-QA must carry
+typed evidence that reproduces its answer on the source, every reasoning step must follow from the
+answers it combines, and the main answer must follow from the final sub-answers; the structure label
+and hop level are computed from the dependency graph. A model may propose evidence; only the source
+decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ProviderError
-from arenaforge.schemas.models import QAInstance, Rejection, SubQA
+from arenaforge.schemas.models import Evidence, QAInstance, Rejection, SubQA
+
+from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
-from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json
+from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
 
 STRUCTURES = ("single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop")
@@ -107,119 +103,19 @@ def make_instance(source: str, main_q: str, main_a: str, subs: list[SubQA], mode
                       mode=mode, seed_question=seed_question, provenance=provenance)  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------- text helpers
-def fmt_value(value: Any) -> str | None:
-    """A source value as answer text (None for NULL)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (float, Decimal)):
-        f = float(value)
-        return str(int(f)) if f.is_integer() else f"{f:.2f}".rstrip("0").rstrip(".")
-    if isinstance(value, (dt.date, dt.datetime)):
-        return value.isoformat()
-    return str(value)
-
-
-def entity(table: str) -> str:
-    words = table.replace("_", " ")
-    if words.endswith("ies"):
-        return words[:-3] + "y"
-    return words[:-1] if words.endswith("s") and not words.endswith("ss") else words
-
-
-def human(column: str) -> str:
-    return column.replace("_", " ")
-
-
-def sql_literal(value: Any) -> str:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value)
-    return "'" + str(value).replace("'", "''") + "'"
-
-
-# --------------------------------------------------------------------------- evidence forms
-@dataclass(frozen=True)
-class Step:
-    """One tool-answerable operation: lookup(table.attr by key), count(table by col), sum(table.attr by col)."""
-
-    op: str
-    table: str
-    by: str
-    attr: str | None = None
-
-    def sql(self, value: Any) -> str:
-        lit = sql_literal(value)
-        if self.op == "lookup":
-            return f'SELECT "{self.attr}" FROM "{self.table}" WHERE "{self.by}" = {lit}'
-        if self.op == "count":
-            return f'SELECT count(*) FROM "{self.table}" WHERE "{self.by}" = {lit}'
-        return f'SELECT round(sum("{self.attr}"), 2) FROM "{self.table}" WHERE "{self.by}" = {lit}'
-
-    def question(self, value: Any) -> str:
-        if self.op == "lookup":
-            return f"What is the {human(self.attr or '')} of the {entity(self.table)} {value}?"
-        if self.op == "count":
-            return f"How many {human(self.table)} have {human(self.by)} {value}?"
-        return f"What is the total {human(self.attr or '')} of the {human(self.table)} with {human(self.by)} {value}?"
-
-    def describe(self) -> str:
-        """The final step as a phrase about 'that <entity>' (for composed main questions)."""
-        if self.op == "lookup":
-            return f"the {human(self.attr or '')} of that {entity(self.table)}"
-        if self.op == "count":
-            return f"the number of {human(self.table)} with that {human(self.by)}"
-        return f"the total {human(self.attr or '')} of the {human(self.table)} with that {human(self.by)}"
-
-
-_STEP_SQL = [
-    ("lookup", re.compile(r'^SELECT "(?P<attr>\w+)" FROM "(?P<table>\w+)" WHERE "(?P<by>\w+)" = (?P<val>.+)$')),
-    ("count", re.compile(r'^SELECT count\(\*\) FROM "(?P<table>\w+)" WHERE "(?P<by>\w+)" = (?P<val>.+)$')),
-    ("sum", re.compile(r'^SELECT round\(sum\("(?P<attr>\w+)"\), 2\) FROM "(?P<table>\w+)" WHERE "(?P<by>\w+)" = (?P<val>.+)$')),
-]
-
-
-def parse_evidence(sql: str | None) -> tuple[Step, Any] | None:
-    """(Step, argument value) from a canonical evidence SQL, or None."""
-    if not sql:
-        return None
-    for op, pattern in _STEP_SQL:
-        m = pattern.match(sql.strip())
-        if m:
-            raw = m.group("val")
-            if raw.startswith("'"):
-                value: Any = raw[1:-1].replace("''", "'")
-            else:
-                value = float(raw) if "." in raw else int(raw)
-            return Step(op, m.group("table"), m.group("by"), m.groupdict().get("attr")), value
-    return None
-
-
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def same_answer(a: str, b: str) -> bool:
-    """Equal as numbers (within 1e-9) or as case-folded text."""
-    if is_number(a) and is_number(b):
-        return abs(float(a) - float(b)) < 1e-9
-    return a.strip().casefold() == b.strip().casefold()
-
-
-def scalar(source: KnowledgeSource, sql: str) -> Any:
-    """The first value of the first row of `sql` on the source (None when no row)."""
-    rows = source.query(sql)
-    return rows[0][0] if rows else None
-
-
 # --------------------------------------------------------------------------- the step
+EVIDENCE_SCHEMA: dict[str, Any] = {
+    "type": ["object", "null"],
+    "required": ["kind"],
+    "properties": {
+        "kind": {"enum": ["lookup", "count", "sum", "span", "compare"]},
+        "table": {"type": ["string", "null"]}, "key": {"type": ["string", "null"]}, "value": {},
+        "column": {"type": ["string", "null"]}, "text": {"type": ["string", "null"]},
+        "passage": {"type": ["string", "null"]},
+        "of": {"type": "array", "items": {"type": "integer"}}, "labels": {"type": "array", "items": {"type": "string"}},
+        "op": {"enum": ["max", "min", None]},
+    },
+}
 QA_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["main_question", "main_answer", "sub_qas"],
@@ -237,7 +133,7 @@ QA_SCHEMA: dict[str, Any] = {
                     "answer": {"type": "string", "minLength": 1},
                     "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 1}},
                     "needs_tool": {"type": "boolean"},
-                    "evidence_sql": {"type": ["string", "null"]},
+                    "evidence": EVIDENCE_SCHEMA,
                 },
             },
         },
@@ -300,9 +196,10 @@ class QASynthesizer:
             # Evidence SQL that must reach DuckDB (~1 ms each; it releases the GIL) runs off the
             # event loop, where every ms is a ms no request goes out; memoised lookups stay inline,
             # since a thread hop would cost more than they do.
-            fresh = any(sub.get("evidence_sql") and sub["needs_tool"] and not source.memoised(sub["evidence_sql"])
-                        for sub in answer["sub_qas"])
-            made = await asyncio.to_thread(_from_answer, *args) if fresh else _from_answer(*args)
+            # Grounding queries that must reach DuckDB (~1 ms each; it releases the GIL) run off the event
+            # loop, where every ms is a ms no request goes out; when the source has answered every one of
+            # them before (the offline provider's instances), grounding stays inline.
+            made = await asyncio.to_thread(_from_answer, *args) if model_written(self.model) else _from_answer(*args)
             if on_instance is not None and isinstance(made, QAInstance):
                 on_instance(made)
             return made
@@ -314,33 +211,40 @@ class QASynthesizer:
 
 def _from_answer(source: KnowledgeSource, answer: dict[str, Any], seed_q: str | None, subject: str,
                  prompt_hash: str, model: ChatModel) -> QAInstance | Rejection:
-    subs = []
-    for raw in answer["sub_qas"]:
-        sql = raw.get("evidence_sql")
-        if sql and raw["needs_tool"]:  # a reasoning step's evidence is a note, not a query
-            try:
-                got = fmt_value(scalar(source, sql))
-            except Exception as err:  # noqa: BLE001 - any SQL failure of model-written evidence is a rejection
-                return Rejection(stage="decompose_qa", subject=subject, reason="evidence_error",
-                                 detail=f"sub-QA {raw['index']}: {str(err).splitlines()[0]}", payload=answer)
-            if got is None or not same_answer(got, str(raw["answer"])):
-                return Rejection(stage="decompose_qa", subject=subject, reason="evidence_mismatch",
-                                 detail=f"sub-QA {raw['index']}: SQL gives {got!r}, model says {raw['answer']!r}",
-                                 payload=answer)
-        subs.append(SubQA(index=raw["index"], question=raw["question"], answer=str(raw["answer"]),
-                          depends_on=sorted(set(raw["depends_on"])), needs_tool=raw["needs_tool"], evidence=sql))
+    """The instance of one answer, held to the source; a rejection with its reason otherwise."""
+    try:
+        subs = [SubQA(index=raw["index"], question=raw["question"], answer=str(raw["answer"]),
+                      depends_on=sorted(set(raw["depends_on"])), needs_tool=raw["needs_tool"],
+                      evidence=Evidence.model_validate(raw["evidence"]) if raw.get("evidence") else None)
+                for raw in answer["sub_qas"]]
+    except ValueError as err:  # pydantic's ValidationError: evidence of the wrong shape
+        return Rejection(stage="decompose_qa", subject=subject, reason="evidence_error",
+                         detail=str(err).splitlines()[0], payload=answer)
     indices = [s.index for s in subs]
     if len(set(indices)) != len(indices) or any(d not in indices for s in subs for d in s.depends_on):
         return Rejection(stage="decompose_qa", subject=subject, reason="bad_dependencies",
                          detail="sub-QA indices repeat or a dependency names no sub-QA", payload=answer)
     try:
-        return make_instance(source.name, answer["main_question"], answer["main_answer"], subs,
-                             "conditioned" if seed_q else "unconditioned", seed_q,
-                             Provenance(backend=model.kind, model=model.name, prompt_hash=prompt_hash))
+        qa = make_instance(source.name, answer["main_question"], answer["main_answer"], subs,
+                           "conditioned" if seed_q else "unconditioned", seed_q,
+                           Provenance(backend=model.kind, model=model.name, prompt_hash=prompt_hash))
     except ValueError as err:
         return Rejection(stage="decompose_qa", subject=subject, reason="cyclic_dependencies", detail=str(err),
                          payload=answer)
+    try:
+        check_qa(source, qa)
+    except Ungrounded as err:
+        return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail, payload=answer)
+    except Exception as err:  # noqa: BLE001 - the source refusing a model's evidence (a DuckDB error) is a rejection
+        return Rejection(stage="decompose_qa", subject=subject, reason="evidence_error",
+                         detail=str(err).splitlines()[0], payload=answer)
+    return qa
 
 
 def qa_payload(qa: QAInstance) -> str:
     return json.dumps(qa.model_dump(mode="json", include={"main_question", "main_answer", "sub_qas"}), ensure_ascii=False)
+
+
+def model_written(model: ChatModel) -> bool:
+    """Whether answers come from a model (whose evidence the source has not answered yet) rather than the rules."""
+    return graded_by(model) == "model"

@@ -25,14 +25,15 @@ DATA_VAR = "DATA"
 
 @dataclass
 class ToolImpl:
-    """One synthesized tool: document, code, mock data, the gold call and leak probes."""
+    """One synthesized tool: document, code, its data (from the knowledge source), the gold call and the probes
+    (other records' arguments, with what the source says for them)."""
 
     doc: FunctionDoc
     source: str
     data: Any
     signature: str  # operation + argument/return types: equal signatures are merge candidates
     calls: list[GoldCall]
-    probes: list[dict[str, Any]] = field(default_factory=list)  # other valid arguments (must not answer)
+    probes: list[Any] = field(default_factory=list)  # tool_data.Probe: other records' arguments and answers
     origin: str = "offline"  # the provider that wrote it
 
     @property
@@ -138,7 +139,7 @@ def merge_same_name(tools: list[ToolImpl]) -> list[ToolImpl]:
                 raise BuildError("tool_name_clash", f"two different tools are named {t.name}")
             data = merge_data(prev.data, t.data)
             gold_args = [c.arguments for c in prev.calls + t.calls]
-            probes = [p for p in prev.probes + t.probes if p not in gold_args]
+            probes = [p for p in prev.probes + t.probes if p.arguments not in gold_args]
             out[t.name] = replace(prev, data=data, calls=prev.calls + t.calls, probes=probes)
         else:
             out[t.name] = t

@@ -22,23 +22,43 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from arenaforge.schemas.models import QAInstance, SubQA
-from arenaforge.tasks.envs.decompose_qa import (
-    DecomposeInputs,
-    QASpec,
-    Step,
-    entity,
-    fmt_value,
-    human,
-    is_number,
-    make_instance,
-    same_answer,
-)
+from arenaforge.schemas.models import Evidence, QAInstance, SubQA
+from arenaforge.tasks.envs.answers import entity, fmt_value, human, is_number, same_answer
+from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASpec, make_instance
+from arenaforge.tasks.envs.grounding import Ungrounded, source_answer
 from arenaforge.tasks.envs.knowledge import KnowledgeSource, Link
 from arenaforge.tasks.models import ChatRequest, NoAnswer
 from arenaforge.tasks.models.providers.offline import OfflineModel, generator
 
 ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Step:
+    """One tool-answerable operation: lookup(table.attr by key), count(table by col), sum(table.attr by col)."""
+
+    op: str
+    table: str
+    by: str
+    attr: str | None = None
+
+    def evidence(self, value: Any) -> Evidence:
+        return Evidence(kind=self.op, table=self.table, key=self.by, value=fmt_value(value), column=self.attr)  # type: ignore[arg-type]
+
+    def question(self, value: Any) -> str:
+        if self.op == "lookup":
+            return f"What is the {human(self.attr or '')} of the {entity(self.table)} {value}?"
+        if self.op == "count":
+            return f"How many {human(self.table)} have {human(self.by)} {value}?"
+        return f"What is the total {human(self.attr or '')} of the {human(self.table)} with {human(self.by)} {value}?"
+
+    def describe(self) -> str:
+        """The final step as a phrase about 'that <entity>' (for composed main questions)."""
+        if self.op == "lookup":
+            return f"the {human(self.attr or '')} of that {entity(self.table)}"
+        if self.op == "count":
+            return f"the number of {human(self.table)} with that {human(self.by)}"
+        return f"the total {human(self.attr or '')} of the {human(self.table)} with that {human(self.by)}"
 
 
 @dataclass
@@ -62,7 +82,8 @@ def decompose(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
             stream.given.add(made.id)
             return {"main_question": made.main_question, "main_answer": made.main_answer,
                     "sub_qas": [{"index": s.index, "question": s.question, "answer": s.answer,
-                                 "depends_on": s.depends_on, "needs_tool": s.needs_tool, "evidence_sql": s.evidence}
+                                 "depends_on": s.depends_on, "needs_tool": s.needs_tool,
+                                 "evidence": s.evidence.model_dump(mode="json") if s.evidence else None}
                                 for s in made.sub_qas]}
     raise NoAnswer("no_join_path",
                    f"no {inputs.structure} instance with hops {spec.min_hops}..{spec.max_hops} found in {ATTEMPTS} tries",
@@ -203,9 +224,12 @@ def _distinct(source: KnowledgeSource, table: str, column: str) -> list[Any]:
     return [r[0] for r in source.query(f'SELECT DISTINCT "{column}" FROM "{table}" WHERE "{column}" IS NOT NULL ORDER BY 1')]
 
 
-def _scalar(source: KnowledgeSource, sql: str) -> Any:
-    rows = source.query(sql)
-    return rows[0][0] if rows else None
+def _answer(source: KnowledgeSource, evidence: Evidence) -> str | None:
+    """What the source answers for the evidence (None where it has no single answer: try another sample)."""
+    try:
+        return source_answer(source, evidence)
+    except Ungrounded:
+        return None
 
 
 def _run_chain(source: KnowledgeSource, path: list[Link], final: Step, x0: Any, subs: list[SubQA]) -> str | None:
@@ -216,21 +240,21 @@ def _run_chain(source: KnowledgeSource, path: list[Link], final: Step, x0: Any, 
     base = len(subs)
     for link in path:
         step = Step("lookup", link.table, source.tables[link.table].key or "", link.column)
-        sql = step.sql(value)
-        nxt = _scalar(source, sql)
+        evidence = step.evidence(value)
+        nxt = _answer(source, evidence)
         if nxt is None:
             return None
         idx = base + len(staged) + 1
-        staged.append(SubQA(index=idx, question=step.question(value), answer=fmt_value(nxt) or "",
-                            depends_on=[prev] if prev else [], needs_tool=True, evidence=sql))
+        staged.append(SubQA(index=idx, question=step.question(value), answer=nxt,
+                            depends_on=[prev] if prev else [], needs_tool=True, evidence=evidence))
         prev, value = idx, nxt
-    sql = final.sql(value)
-    answer = fmt_value(_scalar(source, sql))
+    evidence = final.evidence(value)
+    answer = _answer(source, evidence)
     if answer is None or answer == "":
         return None
     idx = base + len(staged) + 1
     staged.append(SubQA(index=idx, question=final.question(value), answer=answer,
-                        depends_on=[prev] if prev else [], needs_tool=True, evidence=sql))
+                        depends_on=[prev] if prev else [], needs_tool=True, evidence=evidence))
     subs.extend(staged)
     return answer
 
@@ -268,7 +292,8 @@ def _compose(source: str, structure: str, path: list[Link], final: Step, start: 
         winner = xa if float(aa) > float(ab) else xb
         sink = SubQA(index=len(kept) + 1, question=f"Which is larger, {aa} (for {xa}) or {ab} (for {xb})?",
                      answer=fmt_value(winner) or "", depends_on=finals, needs_tool=False,
-                     evidence=f"compare: max({aa}, {ab})")
+                     evidence=Evidence(kind="compare", of=finals, labels=[fmt_value(xa) or "", fmt_value(xb) or ""],
+                                       op="max"))
         kept.append(sink)
         main_q = f"Between the {ent0} {xa} and the {ent0} {xb}, which has the larger {_strip_article(what)}?"
         if path:

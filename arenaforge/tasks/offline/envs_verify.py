@@ -3,8 +3,8 @@
   dependency_consistency  every dependency is used: the dependency's answer appears in the
                           dependent sub-question (so it is logically necessary), no sub-QA
                           depends on itself
-  sub_question_atomicity  one question mark per sub-question and, where SQL evidence exists,
-                          one single-table SELECT (no JOIN, no second statement)
+  sub_question_atomicity  one question mark per sub-question (typed evidence is one table or
+                          passage by construction)
   sequential_rationality  dependencies point to earlier sub-QAs, so index order is a valid
                           execution order
   task_completeness       every sub-QA feeds the answer, and the main answer is derivable from
@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from arenaforge.environments.reward import normalise
@@ -33,9 +32,6 @@ def verify_qa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
             "reasons": notes}
 
 
-_SQL_JOIN = re.compile(r"\b(join|union|intersect|except)\b", re.IGNORECASE)
-
-
 def rule_checks(qa: QAInstance) -> tuple[dict[str, bool], list[str]]:
     """The four checks by rule, with a note per failure."""
     subs = {s.index: s for s in qa.sub_qas}
@@ -49,15 +45,11 @@ def rule_checks(qa: QAInstance) -> tuple[dict[str, bool], list[str]]:
             elif not mentions(subs[d].answer, s.question):
                 dep_ok = False
                 notes.append(f"sub-QA {s.index} never uses the answer of sub-QA {d}")
-    atomic = True
+    atomic = True  # typed evidence is one table (or one passage) by construction: a question asks one thing
     for s in qa.sub_qas:
         if s.question.count("?") != 1:
             atomic = False
             notes.append(f"sub-QA {s.index} asks {s.question.count('?')} questions")
-        sql = (s.evidence or "").strip().rstrip(";")
-        if sql.upper().startswith("SELECT") and (_SQL_JOIN.search(sql) or ";" in sql):
-            atomic = False
-            notes.append(f"sub-QA {s.index} needs a join or several statements")
     sequential = all(d < s.index for s in qa.sub_qas for d in s.depends_on) and sorted(subs) == list(
         range(1, len(subs) + 1))
     if not sequential:

@@ -105,7 +105,6 @@ async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0
     batch = await sft_agent.run_episodes(tasks, servers, tools, chains, agent, simulator_factory(cfg, run.model), cfg,
                                          seed, run_id, run.provenance(seed), sandbox_pool=pool)
     await asyncio.to_thread(wh.upsert, [*batch.trajectories, *_stamp(batch.rejections, run_id)])
-    await asyncio.to_thread(tool_graph.record_uses, wh, batch.walked)
     rate = batch.faults / batch.calls if batch.calls else 0.0
     return [t.id for t in batch.trajectories], {
         "trajectories": len(batch.trajectories), "tool_calls": batch.calls, "faults_injected": batch.faults,
@@ -123,6 +122,9 @@ async def judge(run: RunScope, trajectory_ids: Sequence[str]) -> tuple[list[str]
         trajectories, tasks, chains, judge_trajectories.TrajectoryJudge(run.model), run.cfg.sft.keep_threshold,
         run_id, run.provenance())
     await asyncio.to_thread(wh.upsert, [*scores, *_stamp(rejections, run_id)])
+    # The walks count as used only once the run's trajectories are judged: a run killed before this point is redone
+    # by its re-run with the same chains (the same rows), never skipped for having "used" them.
+    await asyncio.to_thread(tool_graph.record_uses, wh, tool_graph.walked_edges(trajectories))
     kept = [s.id for s in scores if s.keep]
     return kept, {"scored": len(scores), "kept": len(kept)}
 

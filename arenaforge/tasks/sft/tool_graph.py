@@ -27,7 +27,7 @@ from typing import Any
 
 import networkx as nx
 
-from arenaforge.schemas.models import Server, Tool
+from arenaforge.schemas.models import Server, Tool, Trajectory
 from arenaforge.warehouse import graph_edges, lookups
 from arenaforge.warehouse.db import Warehouse
 from arenaforge.warehouse.graph_edges import EdgeRow
@@ -185,6 +185,15 @@ def save_edges(wh: Warehouse, edges_by_server: dict[str, list[Edge]]) -> int:
     """Replace the edges of these servers (keeping the `uses` of edges that survive); one transaction."""
     rows = [EdgeRow(s, e.src, e.dst, e.weight, e.origin, e.evidence) for s, edges in edges_by_server.items() for e in edges]
     return graph_edges.replace_edges(wh, list(edges_by_server), rows)
+
+
+def walked_edges(trajectories: Sequence[Trajectory]) -> list[tuple[str, str, str]]:
+    """(server, src, dst) for each pair of consecutive distinct tools the trajectories called."""
+    walked = []
+    for t in trajectories:
+        called = list(dict.fromkeys(c.function.name for m in t.messages if m.tool_calls for c in m.tool_calls))
+        walked += [(t.server, a, b) for a, b in zip(called, called[1:], strict=False)]
+    return walked
 
 
 def record_uses(wh: Warehouse, walked: Sequence[tuple[str, str, str]]) -> int:

@@ -1,4 +1,4 @@
-"""QA synthesis: the four structures over tables (answers computed by SQL), hop budget, modes, openai backend."""
+"""QA synthesis: the four structures over tables (answers grounded on the source), hop budget, modes, a model."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer, fmt_value, hop_level, parse_evidence
+from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer, hop_level
+from arenaforge.tasks.envs.grounding import check_qa, source_answer
 from arenaforge.tasks.envs.knowledge import load_sample, load_tau2_retail
 from tests.support.envs_fakes import EnvsResponder, model_cfg
 from tests.support.models import http_model as chat_model
@@ -23,10 +24,11 @@ def sample():
 
 
 def _check_grounded(src, qa) -> None:
+    check_qa(src, qa)  # raises when any answer does not follow from the source
     for sub in qa.sub_qas:
-        if sub.needs_tool:  # every tool-needing sub-answer is what its SQL evidence returns
-            assert parse_evidence(sub.evidence) is not None
-            assert fmt_value(src.query(sub.evidence)[0][0]) == sub.answer
+        if sub.needs_tool:  # every tool-needing sub-answer is what its typed evidence gives on the source
+            assert sub.evidence is not None and sub.evidence.kind in ("lookup", "count", "sum")
+            assert source_answer(src, sub.evidence) == sub.answer
         for d in sub.depends_on:  # the dependency's answer is used by the dependent question
             dep = qa.sub_qas[d - 1]
             assert dep.answer in sub.question
@@ -100,7 +102,8 @@ def test_openai_bad_answers_become_rejections(sample, scripted_openai) -> None:
     good = EnvsResponder()
     wrong = {"main_question": "Where?", "main_answer": "Mars",
              "sub_qas": [{"index": 1, "question": "Which city is CU100 in?", "answer": "Mars", "depends_on": [],
-                          "needs_tool": True, "evidence_sql": "SELECT city FROM customers WHERE customer_id = 'CU100'"}]}
+                          "needs_tool": True, "evidence": {"kind": "lookup", "table": "customers", "key": "customer_id",
+                                                           "value": "CU100", "column": "city"}}]}
     cyclic = {"main_question": "Loop?", "main_answer": "x",
               "sub_qas": [{"index": 1, "question": "What is a?", "answer": "x", "depends_on": [2], "needs_tool": True},
                           {"index": 2, "question": "What is b?", "answer": "y", "depends_on": [1], "needs_tool": True}]}

@@ -11,6 +11,7 @@ from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.merge_envs import ToolGrouper, merge_environments
+from arenaforge.tasks.envs.tool_data import Probe
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from tests.support.envs_fakes import EnvsResponder, model_cfg, sandbox_cfg
 from tests.support.models import http_model as chat_model
@@ -72,7 +73,7 @@ def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
         poisoned_key = "ZZ-POISON"
         data = dict(t1.data)
         data[poisoned_key] = {**next(iter(t1.data.values())), attr: t0.calls[0].answer}
-        t1p = replace(t1, data=data, probes=t1.probes + [{next(iter(t1.calls[0].arguments)): poisoned_key}])
+        t1p = replace(t1, data=data, probes=t1.probes + [Probe({next(iter(t1.calls[0].arguments)): poisoned_key})])
         return [d if d is not d1 else type(d)(d.qa, [t1p if t is t1 else t for t in d.tools], d.attempt) for d in drafts]
 
     # the offline grouper groups by signature: no collision pre-check can see the poisoned row's meaning

@@ -83,7 +83,8 @@ def test_self_test_scores_gold_empty_and_random(sample, instances) -> None:
     assert broken_checks["self_test_gold_f1"] is False
 
 
-@pytest.mark.parametrize(("bad", "reason"), [("loop", "timeout"), ("leak", "answer_leak")])
+# "leak": code that returns the answer it was told whatever it is asked; the source says otherwise for other records
+@pytest.mark.parametrize(("bad", "reason"), [("loop", "timeout"), ("leak", "wrong_answer")])
 def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai, bad, reason) -> None:
     from arenaforge.tasks.envs.decompose_qa import QASynthesizer
 
@@ -93,7 +94,7 @@ def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai,
         scripted_openai.responder = EnvsResponder(bad_code=bad)
 
         async def go(pool):
-            return await synthesize_environments(ToolBuilder(model), pool, qas, max_attempts=1)
+            return await synthesize_environments(ToolBuilder(model, sample), pool, qas, max_attempts=1)
 
         result = asyncio.run(_with_pool(go, call_timeout_s=0.5))
     assert not result.drafts
@@ -109,16 +110,17 @@ def test_openai_tools_and_non_json_answers(sample, scripted_openai) -> None:
         qas = asyncio.run(QASynthesizer(model).synthesize(sample, QASpec(n=3, seed=0))).instances
 
         async def go(pool):
-            ok = await synthesize_environments(ToolBuilder(model), pool, qas, max_attempts=0)
+            ok = await synthesize_environments(ToolBuilder(model, sample), pool, qas, max_attempts=0)
             scripted_openai.responder = EnvsResponder(not_json_steps=("envs.implement_tool",))
-            bad = await synthesize_environments(ToolBuilder(model), pool, qas[:1], max_attempts=1)
+            bad = await synthesize_environments(ToolBuilder(model, sample), pool, qas[:1], max_attempts=1)
             return ok, bad
 
         ok, bad = asyncio.run(_with_pool(go))
     assert len(ok.drafts) == 3 and not ok.rejections
     env = ok.drafts[0].environment()
     assert all("verbose" in t.parameters["properties"] for t in env.tools)  # complexity augmentation kept
-    assert ok.drafts[0].tools[0].probes  # generic probes from the mock data keys
+    probes = ok.drafts[0].tools[0].probes  # other records of the source, each with the source's answer
+    assert probes and all(p.answer for p in probes)
     assert not bad.drafts and bad.rejections[0].reason == "invalid_model_output"
 
 

@@ -183,3 +183,24 @@ def test_mcp_session_start_failure_raises_input_error():
 
     with pytest.raises(McpServerError, match="nonexistent"):
         asyncio.run(go())
+
+
+def test_ingest_survives_any_file_and_keeps_the_good_ones(tmp_path):
+    """A 100k-deep nested document, binary garbage and a deep parameter schema beside a good file: the good tools
+    are kept, each bad file is a rejection with its reason, nothing raises."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "garbage.json").write_bytes(bytes(range(256)) * 8)
+    depth = 400  # readable by json, deeper than a schema walk can go
+    deep_schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "object"}' + "}}" * depth
+    (tmp_path / "deep_schema.json").write_text(
+        '[{"name": "deep_tool", "description": "A tool whose schema nests very deeply.", "parameters": '
+        + deep_schema + "}]")
+    (tmp_path / "good.json").write_text(json.dumps(
+        [{"name": "get_weather", "description": "Current weather for a city.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]))
+    result = ingest_paths([tmp_path], SftConfig())
+    assert [t.function.name for t in result.tools] == ["get_weather"]
+    reasons = {(Path(r.subject.split(":")[0]).name if r.subject.startswith("/") else r.subject, r.reason)
+               for r in result.rejections}
+    assert ("deep.json", "malformed_json") in reasons and ("garbage.json", "malformed_json") in reasons, reasons
+    assert any(reason == "invalid_schema" and "deep_tool" in subject for subject, reason in reasons), reasons

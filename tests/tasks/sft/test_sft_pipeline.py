@@ -119,9 +119,11 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     with_fault = next(t for t in trajectories if t.faults_injected)
     assert any(m.role == "tool" and (m.content or "").startswith(("Error:", "Timeout:")) for m in with_fault.messages)
     _, uses = wh.query("SELECT sum(uses) FROM graph_edges")
-    assert uses[0][0] > 0  # walked edges were counted
+    assert uses[0][0] == 0  # walks count as used only once the run's trajectories are judged
 
     kept, c4 = run_stage(sft_stages.judge, cfg, wh, "run-s", traj_ids)
+    _, uses = wh.query("SELECT sum(uses) FROM graph_edges")
+    assert uses[0][0] > 0  # walked edges were counted
     scores = wh.load(JudgeScore, where="run_id = 'run-s'")
     assert c4["scored"] == len(traj_ids) and {s.judge for s in scores} == {"rules"}
     for s in scores:

@@ -83,6 +83,8 @@ class KnowledgeSource:
     _cursors: threading.local = field(default_factory=threading.local, repr=False)
 
     _memo: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    # data derived from the source by a stage (e.g. a table's rows indexed for tool data), kept with the source
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     MEMO_SIZE = 8192
 

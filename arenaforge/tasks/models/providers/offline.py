@@ -85,7 +85,7 @@ class OfflineModel:
 
 
 @contextlib.asynccontextmanager
-async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None  # noqa: A001
+async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
                ) -> AsyncIterator[OfflineModel]:
     model = OfflineModel()
     try:

@@ -25,8 +25,10 @@ from arenaforge.schemas.models import FunctionDoc, Rejection, Server, Tool
 from arenaforge.tasks.sft.ingest_tools.formats import _clip, detect_format, read_records, records_to_raw
 from arenaforge.tasks.sft.ingest_tools.records import _PROVENANCE, IngestResult, RawServer, RawTool, reject
 from arenaforge.tasks.sft.ingest_tools.schemas import (
+    MAX_DEPTH,
     SchemaProblem,
     check_schema_fast,
+    nesting_depth,
     normalise_schema,
     response_schema,
     sanitize_name,
@@ -85,6 +87,15 @@ def finalise(raw_tools: list[RawTool], raw_servers: list[RawServer], cfg: SftCon
 
 def _normalise_tool(raw: RawTool, cfg: SftConfig) -> tuple[Tool | None, Rejection | None]:
     subject = f"{raw.server}/{raw.name or '?'}"
+    try:
+        return _normalise_checked(raw, cfg, subject)
+    except RecursionError:
+        return None, reject(subject, "invalid_schema", "the parameter schema is nested deeper than can be checked")
+
+
+def _normalise_checked(raw: RawTool, cfg: SftConfig, subject: str) -> tuple[Tool | None, Rejection | None]:
+    if nesting_depth(raw.parameters) > MAX_DEPTH or nesting_depth(raw.returns) > MAX_DEPTH:
+        return None, reject(subject, "invalid_schema", f"the schema nests deeper than {MAX_DEPTH} levels")
     payload = _clip({"name": raw.name, "description": raw.description, "parameters": raw.parameters})
     name = raw.name if _NAME_OK.match(raw.name or "") else sanitize_name(raw.name or "")
     if not name:
@@ -125,7 +136,17 @@ def iter_files(paths: Iterable[str | Path]) -> Iterator[Path]:
 
 
 def read_file(path: Path) -> tuple[list[RawTool], list[RawServer], list[Rejection]]:
-    """Raw tools and servers of one file, its format detected from its first record."""
+    """Raw tools and servers of one file, its format detected from its first record. Any file is a result: a file
+    that cannot be read or parsed is a rejection, and the other files of the run go on."""
+    try:
+        return _read_file(path)
+    except RecursionError:
+        return [], [], [reject(str(path), "malformed_json", "nested deeper than can be read (Python's recursion limit)")]
+    except (OSError, UnicodeError) as err:
+        return [], [], [reject(str(path), "unreadable_file", f"cannot read {path}: {err}")]
+
+
+def _read_file(path: Path) -> tuple[list[RawTool], list[RawServer], list[Rejection]]:
     records, rejections = read_records(path)
     if not records:
         return [], [], rejections

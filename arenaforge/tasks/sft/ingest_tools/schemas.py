@@ -29,6 +29,25 @@ class SchemaProblem(ValueError):
     """A parameter schema that cannot be turned into JSON Schema."""
 
 
+MAX_DEPTH = 64  # real tool schemas nest a few levels; past this a document is broken or hostile
+
+
+def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deeply `value` nests (dicts and lists), counted without recursion and stopping past `limit`."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
 def normalise_schema(schema: Any, top: bool = True) -> dict[str, Any]:
     """A JSON Schema (Draft 2020-12) from a BFCL/ACEBench/ToolBench-style parameter schema."""
     if not isinstance(schema, dict):
