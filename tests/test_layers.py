@@ -97,3 +97,27 @@ def test_the_provider_rule_sees_a_branch(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('if cfg.model.backend == "offline":\n    pass\nSTEPS = {"offline": 1, "openai": 2}\n')
     assert len(_provider_branches(bad)) == 2
+
+
+def _event_loop_starts(path: Path) -> list[int]:
+    """Lines that start an event loop (`asyncio.run`) outside an `if __name__ == "__main__":` block."""
+    tree = ast.parse(path.read_text())
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            guarded |= {id(n) for n in ast.walk(node)}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "asyncio.run" and id(node) not in guarded]
+
+
+def test_event_loops_start_only_at_entry_points():
+    # tasks/ and environments/ are async at their core: a loop belongs to the CLI or the flow run that calls them
+    bad = [f"{path.relative_to(PACKAGE)}:{line}" for path in _modules("tasks") + _modules("environments")
+           for line in _event_loop_starts(path)]
+    assert not bad, "asyncio.run under tasks/ or environments/: " + ", ".join(bad)
+
+
+def test_the_event_loop_rule_sees_a_start(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import asyncio\nasyncio.run(main())\nif __name__ == '__main__':\n    asyncio.run(main())\n")
+    assert _event_loop_starts(bad) == [2]

@@ -192,8 +192,8 @@ def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, mo
     monkeypatch.setitem(sys.modules, "ray.job_submission", job_submission)
     monkeypatch.setenv("ARENAFORGE_TRAIN__RAY_ADDRESS", "http://head:8265")
     tmp_warehouse.upsert([tiny_env()])
-    out = grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
-                              envs=EnvSelection(split="all"), experiment="big"))
+    out = asyncio.run(grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
+                                          envs=EnvSelection(split="all"), experiment="big")))
     assert submitted["address"] == "http://head:8265" and out["ray_job_id"].startswith("big-")
     assert submitted["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
     assert "verl==0.9.1" in submitted["runtime_env"]["pip"]

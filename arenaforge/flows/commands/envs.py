@@ -116,8 +116,10 @@ def export(
 ) -> None:
     """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
     from arenaforge.tasks.envs.export import BASE_IMAGE, export_environments, verified_environments
+    from arenaforge.tasks.train.splits import held_out_ids
 
     st = state(ctx)
     envs = verified_environments(st.warehouse(), where, limit)
     root = Path(out or Path(st.config.out_dir) / "envs")
-    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE), indent=2))
+    held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
+    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))

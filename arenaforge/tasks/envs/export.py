@@ -1,7 +1,7 @@
 """Exports of accepted environments: verl's files, Harbor task directories, JSON-lines.
 
 (a) verl 0.9.1: train/val Parquet, environments.jsonl, agent_loops.yaml and tool_config.yaml in one
-    directory (`arenaforge.tasks.verl.dataset.write_dataset_dir`); val is the held-out split (`env_split`).
+    directory (`arenaforge.tasks.verl.dataset.write_dataset_dir`); val is the warehouse's test split.
 (b) Harbor: one task directory per environment, built from a public base image (python:3.11-slim):
 
         instruction.md                  the question, the tools, `call-tool TOOL '<JSON>'`
@@ -29,7 +29,7 @@ import json
 import secrets
 import textwrap
 from importlib import resources
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from arenaforge.schemas.models import Environment
 from arenaforge.tasks.verl.dataset import VerlFiles
 from arenaforge.warehouse import Warehouse
 
-EVAL_SHARE = 0.1  # share of environments held out as val (the default of `train grpo`/`eval run`)
 
 def _harbor_file(name: str) -> str:
     return resources.files("arenaforge.tasks.envs").joinpath("harbor").joinpath(name).read_text()
@@ -70,23 +69,15 @@ def write_jsonl(envs: Sequence[Environment], path: str | Path) -> Path:
     return path
 
 
-def env_split(env: Environment, eval_share: float = EVAL_SHARE) -> str:
-    """"train" or "val" for one environment.
+def write_verl(envs: Sequence[Environment], out_dir: str | Path, held_out: Collection[str] = ()) -> VerlFiles:
+    """verl 0.9.1's files for `envs` (train/val Parquet, environments, agent-loop and tool configs) in `out_dir`.
 
-    HOOK: the warehouse records splits from migration 0008 on; read them here once it does. Until
-    then the held-out share is chosen by id hash, the rule `train grpo` and `eval run` hold out by
-    (`arenaforge.tasks.train.jobs.in_eval_split`), so the exported val set is what eval scores.
+    val holds the environments in `held_out` (the warehouse's test split, `held_out_ids`): what `eval`
+    scores is what verl validates on, and no test environment reaches verl's training data.
     """
-    from arenaforge.tasks.train.jobs import in_eval_split
-
-    return "val" if in_eval_split(env.id, eval_share) else "train"
-
-
-def write_verl(envs: Sequence[Environment], out_dir: str | Path, eval_share: float = EVAL_SHARE) -> VerlFiles:
-    """verl 0.9.1's files for `envs` (train/val Parquet, environments, agent-loop and tool configs) in `out_dir`."""
     from arenaforge.tasks.verl.dataset import write_dataset_dir
 
-    val = [e for e in envs if env_split(e, eval_share) == "val"]
+    val = [e for e in envs if e.id in held_out]
     if not val and len(envs) > 1:  # verl validates before training: a small export still gets one val row
         val = [min(envs, key=lambda e: e.id)]
     held = {e.id for e in val}
@@ -210,7 +201,7 @@ def verified_environments(wh: Warehouse, where: str = "", limit: int | None = No
 
 
 def export_environments(envs: Sequence[Environment], root: str | Path, formats: Sequence[str] = FORMATS,
-                        base_image: str = BASE_IMAGE) -> dict[str, Any]:
+                        base_image: str = BASE_IMAGE, held_out: Collection[str] = ()) -> dict[str, Any]:
     """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
     import pyarrow.parquet as pq
 
@@ -222,7 +213,7 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     root = Path(root).expanduser().resolve()
     written: dict[str, Any] = {"environments": len(envs)}
     if "verl" in formats:
-        files = write_verl(envs, root / "verl")
+        files = write_verl(envs, root / "verl", held_out)
         written["verl"] = {"dir": str(files.train.parent), "train_rows": pq.ParquetFile(files.train).metadata.num_rows,
                            "val_rows": pq.ParquetFile(files.val).metadata.num_rows}
     if "jsonl" in formats:
