@@ -151,6 +151,7 @@ class Stack:
     server_proc: subprocess.Popen | None = None
     worker_proc: subprocess.Popen | None = None
     deployments: dict[str, str] = field(default_factory=dict)  # name -> "flow-name/deployment-name"
+    _saved_api_url: str | None = None  # this process's PREFECT_API_URL before start; put back on stop
 
     # ------------------------------------------------------------------ env
     def child_env(self) -> dict[str, str]:
@@ -203,6 +204,7 @@ class Stack:
             require_api(self.api_url)
         else:
             self._start_server()
+        self._saved_api_url = os.environ.get("PREFECT_API_URL")
         os.environ["PREFECT_API_URL"] = self.api_url  # this process's client talks to it too
         from arenaforge.flows.deployments import apply_deployments, ensure_concurrency_limits, ensure_work_pool
 
@@ -284,6 +286,12 @@ class Stack:
         """Worker first (it cancels its flow-run children), then the server."""
         stop_process(self.worker_proc)
         stop_process(self.server_proc)
+        # a stopped stack must not leave later clients in this process pointing at a dead server
+        if os.environ.get("PREFECT_API_URL") == self.api_url:
+            if self._saved_api_url is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = self._saved_api_url
 
     def alive(self) -> bool:
         procs = [p for p in (self.server_proc, self.worker_proc) if p is not None]

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from arenaforge.schemas.models import ChatMessage, JudgeScore, Trajectory
 from arenaforge.warehouse.db import Warehouse
+from arenaforge.warehouse.lookups import by_ids, kept_trajectory_scores
 
 _CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                    ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
@@ -44,22 +45,11 @@ SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE)), ("tools", pa.string()), ("
 
 def kept_trajectories(wh: Warehouse, run_id: str | None = None, min_score: float | None = None
                       ) -> list[tuple[Trajectory, float]]:
-    sql = "SELECT id, score FROM v_sft_kept"
-    params: list[Any] = []
-    clauses = []
-    if run_id:
-        clauses.append("id IN (SELECT (record->>'trajectory_id') FROM judge_scores WHERE run_id = ?)")
-        params.append(run_id)
-    if min_score is not None:
-        clauses.append("score >= ?")
-        params.append(min_score)
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    _, rows = wh.query(sql, params)
-    score = {r[0]: float(r[1]) for r in rows}
+    """Trajectories the judge kept (optionally of one run, at least `min_score`), by id, with their scores."""
+    score = kept_trajectory_scores(wh, run_id, min_score)
     if not score:
         return []
-    trajectories = wh.load(Trajectory, where="id = ANY(?)", params=[list(score)])
+    trajectories = by_ids(wh, Trajectory, list(score))
     return [(t, score[t.id]) for t in sorted(trajectories, key=lambda t: t.id)]
 
 
