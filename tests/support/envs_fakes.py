@@ -24,7 +24,8 @@ def fake_embed(texts: list[str]) -> np.ndarray:
 
 
 def sandbox_cfg(**kw: Any) -> SandboxConfig:
-    base: dict[str, Any] = dict(backend="process", pool_size=2, call_timeout_s=2.0)
+    # the scripted model's code is ours, but it is marked model-written: opt in to the process backend
+    base: dict[str, Any] = dict(backend="process", pool_size=2, call_timeout_s=2.0, process_allows_model_code=True)
     base.update(kw)
     return SandboxConfig(**base)
 

@@ -133,6 +133,21 @@ def test_tool_lifecycle_and_reward():
     assert breakdown.calls == 2 and pool.closed == 1
 
 
+def test_a_sandbox_failure_is_not_charged_to_the_agent():
+    env = tiny_env()
+    tool = ArenaTool(InProcessPool(fail_calls_to={"get_population"}), name="get_capital")
+
+    async def main():
+        iid, _ = await tool.open(env)
+        text, _, _ = await tool.execute(iid, {"country": "Freedonia"})
+        failed, _, info = await tool.execute(iid, {"city": text}, tool_name="get_population")
+        return failed, info, await tool.calc_reward(iid), tool._instances[iid]
+
+    failed, info, reward, instance = asyncio.run(main())
+    assert info == {"outcome": "env_failure"} and "not your doing" in failed and "worker_lost" in failed
+    assert reward == 0.0 and instance.env_failure and instance.errors == 0, "the sandbox failed, not the agent"
+
+
 def test_compute_score_fallback_reads_tool_responses():
     text = call_text("get_capital", country="F") + "<|im_end|>\n<|im_start|>user\n<tool_response>\nQuaxton\n</tool_response>"
     score = compute_score("arenaforge", text, json.dumps(["Quaxton", "81234"]))
