@@ -264,13 +264,23 @@ class ToolModule(Frozen):
     tools: list[str] = Field(default_factory=list, description="Tools this module serves; empty: whichever it defines.")
 
 
-FORMAT_2_FIELDS = ("modules", "tool_turns")
+class NativeCheck(Frozen):
+    """How an imported suite scores an episode itself, kept beside our F1 (`arenaforge eval --suite`)."""
+
+    suite: str = Field(description="The suite the environment was imported into (`eval --suite NAME`).")
+    kind: Literal["state_hash"] = Field(
+        description="state_hash: the episode's final session state (Pool.state) must hash to gold_state_sha256.")
+    gold_state_sha256: str = Field(description="SHA-256 of the canonical JSON of the state after the gold calls.")
+    source: str = Field(description="Where the environment came from: the file(s) and the SHA-256 of their bytes.")
+
+
+FORMAT_2_FIELDS = ("modules", "tool_turns", "native")
 
 
 class Environment(Record):
     """An executable tool environment: docs, code, state, gold calls and verification.
 
-    Format 2 (`modules`, `tool_turns`) is additive: an environment that sets none of them is format 1,
+    Format 2 (`modules`, `tool_turns`, `native`) is additive: an environment that sets none of them is format 1,
     and its id is what it was before format 2 existed."""
 
     KIND = "environment"
@@ -300,6 +310,7 @@ class Environment(Record):
     tool_turns: dict[str, int] = Field(
         default_factory=dict, description="Format 2: tool name -> first turn (0-based) at which the agent sees and may "
                                           "call it; tools not named here are visible from turn 0.")
+    native: NativeCheck | None = Field(default=None, description="Format 2: the imported suite's own check.")
 
     @property
     def format_version(self) -> int:

@@ -123,3 +123,62 @@ def export(
     root = Path(out or Path(st.config.out_dir) / "envs")
     held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
     typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))
+
+
+import_app = typer.Typer(help="Import others' environments into the warehouse, each with its own native check.",
+                         no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+def _json_option(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{option} is not JSON: {err}") from None
+
+
+@import_app.command("python")
+def import_python_cmd(
+    ctx: typer.Context,
+    sources: list[str] = typer.Argument(..., help="PATH or PATH:Class of your tool code (several: each its own namespace)."),
+    tools: str = typer.Option(None, "--tools", help="OpenAI tool documents (JSON); default: derived from the typed "
+                                                   "signatures and docstrings."),
+    initial_state: str = typer.Option(None, "--state", help="Initial state (JSON file; keyed by Class/stem when several)."),
+    calls: str = typer.Option(None, "--calls", help="Gold calls (JSON list of {tool, arguments}): replayed, and the "
+                                                    "final state's hash kept as the native check."),
+    init_args: str = typer.Option(None, "--init-args", help="Constructor keyword arguments (JSON object)."),
+    load_args: str = typer.Option(None, "--load-args", help="Extra loader keyword arguments (JSON object)."),
+    name: str = typer.Option(None, "--name", help="Environment name (default python-<names>)."),
+    suite: str = typer.Option("python", "--suite", help="Suite name, for `arenaforge eval --suite`."),
+    question: str = typer.Option(None, "--question", help="The task prompt the agent is given."),
+    backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
+) -> None:
+    """Import your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
+    import asyncio
+
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.tasks.envs.import_python import (
+        import_environment, python_environment, read_calls, read_source, read_tool_docs)
+
+    st = state(ctx)
+    read = [read_source(s) for s in sources]
+    state_value = _json_option(Path(initial_state).read_text(encoding="utf-8"), "--state") if initial_state else None
+    if initial_state and not isinstance(state_value, dict):
+        raise InputError(f"{initial_state}: the initial state must be a JSON object")
+    env = python_environment(read, name=name, tool_docs=read_tool_docs(tools) if tools else None,
+                             initial_state=state_value, calls=read_calls(calls) if calls else [],
+                             init_args=_json_option(init_args, "--init-args"), load_args=_json_option(load_args, "--load-args"),
+                             question=question)
+    cfg = st.config.sandbox.model_copy(update={"pool_size": 1, **({"backend": backend} if backend else {})})
+
+    async def go() -> Any:
+        async with await create_pool(cfg) as pool:
+            return await import_environment(pool, env, suite, read)
+
+    imported = asyncio.run(go())
+    st.warehouse().upsert([imported])
+    typer.echo(json.dumps({"id": imported.id, "name": imported.name, "suite": suite, "tools": [t.name for t in imported.tools],
+                           "gold_calls": len(imported.calls), "gold_state_sha256": imported.native.gold_state_sha256,
+                           "source": imported.native.source}, indent=2))

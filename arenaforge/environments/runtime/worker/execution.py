@@ -156,16 +156,20 @@ class Tools:
         """The session's state for the harness: each namespace's instance attributes (class shape) or its state
         global (functions shape), public names only, as JSON values. Format 1: that one namespace's; format 2:
         a dict by module name."""
-        out = {}
-        for (name, target, _), (_, data_var) in zip(self.spaces, self.data_vars):
-            if isinstance(target, types.ModuleType):
-                value = target.__dict__.get(data_var) if data_var else {
-                    k: v for k, v in target.__dict__.items() if not k.startswith("_") and not callable(v)
-                    and not isinstance(v, types.ModuleType)}
-            else:
-                value = {k: v for k, v in vars(target).items() if not k.startswith("_")} if hasattr(target, "__dict__") else {}
-            out[name] = _state_json(value, set())
+        out = {name: namespace_state(target, data_var) for (name, target, _), (_, data_var) in zip(self.spaces, self.data_vars)}
         return out if len(self.spaces) > 1 or self.spaces[0][0] != "tools" else out["tools"]
+
+
+def namespace_state(target: object, data_var: str | None = None) -> object:
+    """One namespace's state as JSON values: a class instance's public attributes; a module's `data_var` global,
+    else its public globals that are neither callables nor modules. (The harness's in-process twin calls this too.)"""
+    if isinstance(target, types.ModuleType):
+        value = target.__dict__.get(data_var) if data_var else {
+            k: v for k, v in target.__dict__.items() if not k.startswith("_") and not callable(v)
+            and not isinstance(v, types.ModuleType)}
+    else:
+        value = {k: v for k, v in vars(target).items() if not k.startswith("_")} if hasattr(target, "__dict__") else {}
+    return _state_json(value, set())
 
 
 def _load_space(spec: dict, state: object) -> tuple[types.ModuleType, object]:
