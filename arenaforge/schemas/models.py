@@ -261,7 +261,8 @@ class ToolModule(Frozen):
         default_factory=dict, description="Extra keyword arguments for the class's loader (e.g. BFCL's long_context).")
     state_key: str | None = Field(
         default=None, description="Key of `initial_state` that holds this module's state; None: the whole initial_state.")
-    tools: list[str] = Field(default_factory=list, description="Tools this module serves; empty: whichever it defines.")
+    tools: list[str] = Field(
+        default_factory=list, description="Tools this module serves; empty: whichever it defines that no module lists.")
 
 
 class NativeCheck(Frozen):
@@ -305,8 +306,8 @@ class Environment(Record):
     question: str | None = Field(default=None, description="The task prompt the agent is given.")
     verification: Verification | None = None
     modules: list[ToolModule] = Field(
-        default_factory=list, description="Format 2: tool code in several namespaces (then `code`, `style`, `class_name` "
-                                          "and `data_var` are unused; a tool is served by the first module that has it).")
+        default_factory=list, description="Format 2: tool code in several namespaces, loaded in order (then `code`, `style`, "
+                                          "`class_name` and `data_var` are unused; rendering comes from the first).")
     tool_turns: dict[str, int] = Field(
         default_factory=dict, description="Format 2: tool name -> first turn (0-based) at which the agent sees and may "
                                           "call it; tools not named here are visible from turn 0.")

@@ -110,7 +110,8 @@ class Tools:
 
     Format 1 is one namespace, the module `tools`, from the template's `code`, `style`, `class_name` and `data_var`;
     format 2 (`modules`) gives each module its own globals, instance, constructor and loader arguments, and state
-    (`initial_state[state_key]`, or the whole state). A tool is served by the first namespace that defines it."""
+    (`initial_state[state_key]`, or the whole state). A tool is served by the first namespace that lists it in its
+    `tools`, else by the first namespace without a `tools` list that defines it."""
 
     def __init__(self, template: dict) -> None:
         state = template.get("initial_state")
@@ -141,9 +142,8 @@ class Tools:
     def resolve(self, name: str):
         if self.declared and name not in self.declared:
             raise LookupError(f"unknown tool {name!r}; available: {', '.join(self.declared)}")
-        for _, target, serves in self.spaces:
-            if serves and name not in serves:
-                continue
+        listed = [space for space in self.spaces if name in space[2]]
+        for _, target, _ in listed or [space for space in self.spaces if not space[2]]:
             for attr in (name, name.replace(".", "_").replace("-", "_"), name.rsplit(".", 1)[-1]):
                 if attr.startswith("_"):
                     continue
@@ -155,8 +155,10 @@ class Tools:
     def snapshot(self) -> object:
         """The session's state for the harness: each namespace's instance attributes (class shape) or its state
         global (functions shape), public names only, as JSON values. Format 1: that one namespace's; format 2:
-        a dict by module name."""
-        out = {name: namespace_state(target, data_var) for (name, target, _), (_, data_var) in zip(self.spaces, self.data_vars)}
+        a dict by module name, of the modules that hold state (a class instance or a `data_var`)."""
+        stateful = [(name, target, data_var) for (name, target, _), (_, data_var) in zip(self.spaces, self.data_vars)
+                    if len(self.spaces) == 1 or data_var or not isinstance(target, types.ModuleType)]
+        out = {name: namespace_state(target, data_var) for name, target, data_var in stateful}
         return out if len(self.spaces) > 1 or self.spaces[0][0] != "tools" else out["tools"]
 
 
