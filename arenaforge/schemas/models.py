@@ -269,10 +269,17 @@ class NativeCheck(Frozen):
     """How an imported suite scores an episode itself, kept beside our F1 (`arenaforge eval --suite`)."""
 
     suite: str = Field(description="The suite the environment was imported into (`eval --suite NAME`).")
-    kind: Literal["state_hash"] = Field(
-        description="state_hash: the episode's final session state (Pool.state) must hash to gold_state_sha256.")
+    kind: Literal["state_hash", "bfcl_multi_turn"] = Field(
+        description="state_hash: the episode's final session state (Pool.state) must hash to gold_state_sha256. "
+                    "bfcl_multi_turn: BFCL's checks after every turn with gold calls: the state check (the classes' "
+                    "state hashes to the turn's state_sha256) and the response check (every one of the turn's "
+                    "gold_results is among the episode's results so far).")
     gold_state_sha256: str = Field(description="SHA-256 of the canonical JSON of the state after the gold calls.")
-    source: str = Field(description="Where the environment came from: the file(s) and the SHA-256 of their bytes.")
+    source: str = Field(description="Where the environment came from: the file(s) and the SHA-256 of their bytes, "
+                                    "or the suite's version and task id.")
+    turns: list[dict[str, Any]] = Field(
+        default_factory=list, description="bfcl_multi_turn: per turn, the user's messages, the number of gold calls, "
+                                          "their results (gold_results) and the state's hash after them (state_sha256).")
 
 
 FORMAT_2_FIELDS = ("modules", "tool_turns", "native")

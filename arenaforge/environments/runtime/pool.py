@@ -261,7 +261,8 @@ class Pool:
         if hit is not None and hit.env is env:
             self._templates.move_to_end(env.id)
             return hit
-        blob = json.dumps(_payload(env), ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+        # key order kept: tool code iterates its state's dicts (BFCL's file system lists a directory in its order)
+        blob = json.dumps(_payload(env), ensure_ascii=False, separators=(",", ":")).encode()
         made = Template(hashlib.sha256(blob).hexdigest(), blob, env)
         self._templates[env.id] = made
         while len(self._templates) > TEMPLATE_MEMO:
