@@ -182,3 +182,41 @@ def import_python_cmd(
     typer.echo(json.dumps({"id": imported.id, "name": imported.name, "suite": suite, "tools": [t.name for t in imported.tools],
                            "gold_calls": len(imported.calls), "gold_state_sha256": imported.native.gold_state_sha256,
                            "source": imported.native.source}, indent=2))
+
+
+@import_app.command("bfcl")
+def import_bfcl_cmd(
+    ctx: typer.Context,
+    category: list[str] = typer.Option(["base", "miss_param", "miss_func", "long_context"], "--category",
+                                       help="BFCL multi-turn category (repeatable)."),
+    data: str = typer.Option(None, "--data", help="An unpacked bfcl_eval package (default: the installed bfcl-eval)."),
+    limit: int = typer.Option(None, "--limit", help="At most this many tasks per category."),
+    backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
+) -> None:
+    """Import BFCL multi-turn tasks as environments (suite bfcl_multi_turn_<category>), each replayed in the sandbox
+    to keep BFCL's own checks (per-turn state and responses) beside our F1; tasks that cannot run are rejection rows."""
+    import asyncio
+    from collections import Counter
+
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+
+    st = state(ctx)
+    source = locate(data)
+    # BFCL returns whole files and long_context states are megabytes: neither may be cut
+    cfg = st.config.sandbox.model_copy(update={"output_limit_bytes": max(st.config.sandbox.output_limit_bytes, 8 << 20),
+                                               **({"backend": backend} if backend else {})})
+
+    async def go() -> Any:
+        async with await create_pool(cfg) as pool:
+            return await import_suite(pool, source, list(category), limit)
+
+    envs, rejections = asyncio.run(go())
+    wh = st.warehouse()
+    wh.upsert([*envs, *rejections])
+    by_suite = Counter(e.native.suite for e in envs)
+    typer.echo(json.dumps({"bfcl_eval": source.version, "imported": dict(by_suite),
+                           "rejected": dict(Counter(f"{r.reason}" for r in rejections)),
+                           "rejected_examples": [f"{r.subject}: {r.detail[:160]}" for r in rejections[:3]]}, indent=2))
+    if not envs:
+        raise typer.Exit(2)

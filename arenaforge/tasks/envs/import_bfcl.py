@@ -254,3 +254,41 @@ def with_native(imported: Imported, replayed: dict[str, Any], category: str, ver
     native = NativeCheck(suite=f"{SUITE}_{category}", kind="bfcl_multi_turn", gold_state_sha256=replayed["state_sha256"][-1],
                          source=f"bfcl-eval {version}: {imported.task_id}", turns=turns)
     return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump()})
+
+
+STAGE = "import_bfcl"
+
+
+async def import_suite(pool: Any, data: BfclData, categories: list[str], limit: int | None = None,
+                       concurrency: int = 4) -> tuple[list[Environment], list[Any]]:
+    """Every task of `categories` (the first `limit` of each): its environment with the native check from a gold replay
+    in `pool`, or a rejection (a class that needs a package outside the standard library; code that does not load; a
+    sandbox failure, kept as an environment failure)."""
+    import asyncio
+
+    from arenaforge.environments.runtime import EnvLoadError, EnvironmentFailure
+    from arenaforge.schemas.models import Rejection
+    from arenaforge.schemas.reasons import RejectReason
+
+    unknown = sorted(set(categories) - set(CATEGORIES))
+    if unknown:
+        raise InputError(f"unknown BFCL multi-turn categories {unknown}; choose from {', '.join(CATEGORIES)}")
+    limiter = asyncio.Semaphore(concurrency)
+
+    async def one(category: str, entry: dict, answer: dict) -> Environment | Rejection:
+        imported = task_environment(data, category, entry, answer)
+        if imported.env is None:
+            return Rejection(stage=STAGE, subject=imported.task_id, reason=RejectReason.NON_STDLIB_CODE,
+                             detail=imported.rejected or "")
+        try:
+            async with limiter:
+                replayed = await replay_task(pool, imported)
+        except EnvLoadError as err:
+            return Rejection(stage=STAGE, subject=imported.task_id, reason=RejectReason.IMPORT_ERROR, detail=err.detail[-2000:])
+        except EnvironmentFailure as err:
+            return Rejection.of_error(STAGE, imported.task_id, err, reason=RejectReason.REPLAY_FAILED)
+        return with_native(imported, replayed, category, data.version)
+
+    jobs = [one(c, e, a) for c in categories for e, a in data.entries(c)[:limit]]
+    results = await asyncio.gather(*jobs)
+    return [r for r in results if isinstance(r, Environment)], [r for r in results if not isinstance(r, Environment)]
