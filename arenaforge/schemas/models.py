@@ -387,6 +387,15 @@ class Rollout(Record):
     failure_reason: str | None = None
     tool_errors: int = Field(default=0, ge=0)
     format_errors: int = Field(default=0, ge=0)
+    native_passed: bool | None = Field(default=None, description="The imported suite's own verdict (Environment.native); "
+                                                                 "None when the environment has none.")
+    native_reason: str | None = Field(default=None, description="Why the suite's own check failed, in its terms.")
+
+    def compute_id(self) -> str:  # unset native fields stay out of the id: rollouts without them keep theirs
+        from arenaforge.schemas.ids import content_id
+
+        unset = {f for f in ("native_passed", "native_reason") if getattr(self, f) is None}
+        return content_id(self.ID_PREFIX, self.model_dump(mode="json", exclude=set(self.ID_EXCLUDE) | unset))
 
 
 ToolOutcome = Literal["ok", "no_output", "error", "timeout", "limit"]

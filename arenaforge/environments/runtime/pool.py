@@ -548,7 +548,8 @@ async def replay(
     """Run `calls` in order in a fresh session of `env` with every tool visible (a replay is not an episode) and
     read the session's final state (`Pool.state`, None when `read_state` is false); the session is closed afterwards."""
     session = await pool.open(env)
-    session.turn = max(env.tool_turns.values(), default=0)
+    if env.tool_turns:
+        session.turn = max(env.tool_turns.values())
     try:
         out = []
         for call in calls:

@@ -214,6 +214,7 @@ def task_environment(data: BfclData, category: str, entry: dict, answer: dict) -
 async def replay_task(pool: Any, imported: Imported) -> dict[str, Any]:
     """Replay the gold calls turn by turn in one session: per turn, the results as BFCL renders them and the hash of
     the classes' state. Raises what `Pool.open`/`call`/`state` raise."""
+    from arenaforge.environments.native import result_text
     from arenaforge.environments.state import state_hash
 
     env = imported.env
@@ -229,7 +230,7 @@ async def replay_task(pool: Any, imported: Imported) -> dict[str, Any]:
             outputs = []
             for call in env.calls[position:position + turn["calls"]]:
                 obs = await pool.call(session, call.tool, call.arguments)
-                outputs.append(bfcl_text(obs))
+                outputs.append(result_text(obs))
             position += turn["calls"]
             results.append(outputs)
             state = await pool.state(session)
@@ -238,11 +239,6 @@ async def replay_task(pool: Any, imported: Imported) -> dict[str, Any]:
     finally:
         await pool.close(session)
     return {"results": results, "state_sha256": hashes, "states": states}
-
-
-def bfcl_text(obs: Any) -> str:
-    """An observation as BFCL's executor writes a call's result (the error text for a call that raised)."""
-    return obs.output if obs.outcome in ("ok", "no_output") else (obs.error or "")
 
 
 def with_native(imported: Imported, replayed: dict[str, Any], category: str, version: str) -> Environment:
