@@ -249,7 +249,10 @@ def with_native(imported: Imported, replayed: dict[str, Any], category: str, ver
              for turn, results, digest in zip(imported.turns, replayed["results"], replayed["state_sha256"], strict=True)]
     native = NativeCheck(suite=f"{SUITE}_{category}", kind="bfcl_multi_turn", gold_state_sha256=replayed["state_sha256"][-1],
                          source=f"bfcl-eval {version}: {imported.task_id}", turns=turns)
-    return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump()})
+    # our F1's sub-answers: the gold calls' results that are not errors (each must reach the agent in some observation)
+    answers = list(dict.fromkeys(r for results in replayed["results"] for r in results
+                                 if r.strip() and not r.startswith("Error during execution")))
+    return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump(), "gold_answers": answers})
 
 
 STAGE = "import_bfcl"

@@ -219,6 +219,7 @@ def python_environment(
     try:
         return Environment(name=name or "python-" + "-".join(keys), tools=docs, code="", style="class" if sources[0].class_name else "functions",
                            modules=modules, initial_state=initial_state, calls=calls or [], question=question,
+                           gold_answers=list(dict.fromkeys(c.answer for c in calls or [] if c.answer)),
                            provenance=Provenance(backend="import"))
     except ValueError as err:
         raise InputError(f"the imported environment is invalid: {str(err).splitlines()[0]}") from None
