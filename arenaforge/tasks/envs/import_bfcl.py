@@ -252,7 +252,8 @@ def with_native(imported: Imported, replayed: dict[str, Any], category: str, ver
     # our F1's sub-answers: the gold calls' results that are not errors (each must reach the agent in some observation)
     answers = list(dict.fromkeys(r for results in replayed["results"] for r in results
                                  if r.strip() and not r.startswith("Error during execution")))
-    return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump(), "gold_answers": answers})
+    return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump(), "gold_answers": answers,
+                                       "provenance": Provenance(backend="import", source=native.source).model_dump()})
 
 
 STAGE = "import_bfcl"

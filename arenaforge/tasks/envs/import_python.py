@@ -249,4 +249,5 @@ async def import_environment(pool: Any, env: Environment, suite: str, sources: l
     details = [f"{len(env.calls)} gold calls replayed; final state sha256 {native.gold_state_sha256}"]
     verification = Verification(passed=True, checks=checks, details=details)
     return Environment.model_validate({**env.model_dump(), "id": "", "native": native.model_dump(),
-                                       "verification": verification.model_dump()})
+                                       "verification": verification.model_dump(),
+                                       "provenance": Provenance(backend="import", source=native.source).model_dump()})
