@@ -18,6 +18,17 @@ __all__ = ["namespace_state", "state_hash"]
 
 
 def state_hash(state: Any) -> str:
-    """SHA-256 of the state's canonical JSON (sorted keys, no spaces, UTF-8)."""
-    text = json.dumps(state, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """SHA-256 of the state's canonical JSON (sorted keys, no spaces, UTF-8; an integral float written as the integer,
+    since Python, and so BFCL's state check, holds 100 == 100.0)."""
+    text = json.dumps(_integral(state), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _integral(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    return value

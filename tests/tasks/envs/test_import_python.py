@@ -148,3 +148,8 @@ def test_bad_input_is_one_line_and_nonzero(bank_files: Path, tmp_path: Path, arg
                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"}, timeout=300)
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2 and len(lines) == 1 and message in lines[0], res.stderr
+
+
+def test_state_hash_is_canonical() -> None:
+    assert state_hash({"b": [1.0, {"x": 2}], "a": "é"}) == state_hash({"a": "é", "b": [1, {"x": 2.0}]})
+    assert state_hash({"a": 1.5}) != state_hash({"a": 1})
