@@ -11,5 +11,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and alone: the pinned CPU wheel; any looser spec would pull GBs of CUDA packages.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+.venv/bin/pip install -q -c constraints.txt -e ".[dev,ray]"
 echo "setup: .venv ready ($(.venv/bin/python --version))"

@@ -169,8 +169,19 @@ class TrainConfig(_Section):
     )
 
 
+class RunnerConfig(_Section):
+    """Where a flow's batch tasks run (docs/SCALE.md)."""
+
+    kind: Literal["thread", "ray"] = Field(
+        default="thread", description="thread: in the flow's process; ray: each batch of environments is a Prefect "
+                                      "task run on a Ray cluster through prefect-ray (the `ray` extra).")
+    address: str | None = Field(default=None, description="Ray cluster address (e.g. 127.0.0.1:6379 or "
+                                                          "ray://host:10001); none: a local Ray started for the run.")
+
+
 class Config(_Section):
     warehouse: WarehouseConfig = WarehouseConfig()
+    runner: RunnerConfig = RunnerConfig()
     model: ModelConfig = ModelConfig()
     sandbox: SandboxConfig = SandboxConfig()
     prefect: PrefectConfig = PrefectConfig()
