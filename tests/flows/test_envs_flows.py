@@ -158,6 +158,9 @@ def test_envs_flow_over_three_replicas_one_killed_matches_one_endpoint(prefect_s
     for kind in (Environment, QAInstance, QAVerification, Rejection):
         assert sorted(r.id for r in pooled.load(kind)) == sorted(r.id for r in one.load(kind)), kind.__name__
     assert len(one.load(Environment)) == 5
-    usage = "SELECT cost_class, count(*), count(DISTINCT key) FROM llm_calls GROUP BY 1 ORDER BY 1"
-    assert pooled.query(usage)[1] == one.query(usage)[1], "one usage row per request, whichever replica answered"
-    assert sum(n for cls, n, _distinct in one.query(usage)[1] if cls == "sent") == len(single.chat_requests())
+    # a step asking the same thing twice at once gets one answer sent and one cached, or two sent, by timing (either
+    # endpoint count): compare the requests the steps made (one row each) and the distinct answers, not the split
+    usage = ("SELECT count(*), count(DISTINCT key), count(*) FILTER (WHERE cost_class = 'failed'), "
+             "count(*) FILTER (WHERE cost_class = 'sent') FROM llm_calls")
+    assert pooled.query(usage)[1][0][:3] == one.query(usage)[1][0][:3], "one usage row per request, none failed"
+    assert one.query(usage)[1][0][2] == 0 and one.query(usage)[1][0][3] == len(single.chat_requests())
