@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -48,5 +49,6 @@ def test_envs_on_a_two_node_ray_cluster_matches_the_thread_runner(prefect_server
     ran = sum(log.read_text(errors="replace").count(":task_name:build-environments")
               for log in (short / "ray" / "session_latest" / "logs").glob("worker-*.out"))
     assert ran >= 2, "the batches ran as task runs in Ray workers"
+    shutil.rmtree(short, ignore_errors=True)
     _, runs = ray_wh.query("SELECT count(DISTINCT run_id) FROM environments")
     assert runs == [(1,)], "the workers wrote under the flow's run id"
