@@ -26,6 +26,8 @@ def run_cmd(
     max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
     temperature: float = typer.Option(0.0, help="0 = greedy."), concurrency: int = typer.Option(32),
     seed: int = typer.Option(0),
+    constrain_tool_calls: bool = typer.Option(True, help="hf engine: tool calls decoded to the environment's "
+                                              "tool names and argument keys."),
 ) -> None:
     """Mean F1, recall, precision, calls per task and failure reasons; stored as an eval_runs row."""
     from arenaforge.flows.train_flows import evaluate
@@ -36,7 +38,7 @@ def run_cmd(
         config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
         policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
         envs=EnvSelection(limit=env_limit, split=split),
-        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+        episode=EpisodeParams(max_turns=max_turns, constrain_tool_calls=constrain_tool_calls, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )
     result = run_flow(evaluate(params))

@@ -34,6 +34,7 @@ from arenaforge.environments.reward import f1_reward
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall, ToolObservation
 from arenaforge.tasks.policy.base import PolicyEngine, SamplingParams
+from arenaforge.tasks.policy.constrained import tool_specs
 
 IM_END = "<|im_end|>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -65,6 +66,7 @@ class RolloutConfig:
     top_p: float = 1.0
     system_prompt: str | None = DEFAULT_SYSTEM
     seed: int | None = None
+    constrain_tool_calls: bool = True  # engines that support it decode calls to this env's tools/keys only
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                       cfg: RolloutConfig, *, group: str | None = None, sample: int = 0) -> Episode:
     """One episode of `env` under `engine`; never raises for sandbox failures (status env_failure)."""
     tool_names = [t.name for t in env.tools]
+    specs = tool_specs(env.tools) if cfg.constrain_tool_calls else None
     messages = initial_messages(env, cfg.system_prompt)
     prompt_ids = prompt_token_ids(tokenizer, env, messages)
     response_ids: list[int] = []
@@ -168,6 +171,7 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
             params = SamplingParams(
                 max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
                 stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turn,
+                tools=specs,
             )
             started = time.perf_counter()
             gen = await engine.generate(prompt_ids + response_ids, params)
