@@ -106,7 +106,7 @@ def _payload(env: Environment) -> dict[str, Any]:
 def model_written(env: Environment) -> bool:
     """Whether the environment's provenance says a model (not a person or the offline generator) wrote its code."""
     prov = env.provenance
-    return prov is not None and (prov.model is not None or prov.backend not in MODEL_FREE_BACKENDS)
+    return prov is not None and prov.backend not in MODEL_FREE_BACKENDS
 
 
 def _observation(reply: dict[str, Any], duration: float) -> ToolObservation:

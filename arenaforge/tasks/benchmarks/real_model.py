@@ -41,7 +41,8 @@ RUN_SETTINGS = {
     "ARENAFORGE_MODEL__TEMPERATURE": "0.2",
     "ARENAFORGE_SFT__CHAINS_PER_SERVER": "1", "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
     "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": "0", "ARENAFORGE_SFT__MAX_TURNS": "3",
-    "ARENAFORGE_SANDBOX__BACKEND": "process",
+    # the bench measures the model, not the sandbox: the unisolated process backend, opted in (docs/SANDBOX.md)
+    "ARENAFORGE_SANDBOX__BACKEND": "process", "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true",
 }
 
 
