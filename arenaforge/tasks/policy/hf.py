@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint
 
 
 @dataclass
@@ -65,8 +66,6 @@ class HfEngine:
                    constrain=constrain)
 
     def _constraint_for(self, width: int) -> Any:
-        from arenaforge.tasks.policy.constrained import ToolCallConstraint
-
         if self._constraint is None or self._constraint.vocab_size != width:
             self._constraint = ToolCallConstraint(self.tokenizer, width)
         return self._constraint
@@ -121,8 +120,6 @@ class HfEngine:
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish: list[str | None] = [None] * rows
-        from arenaforge.tasks.policy.constrained import FREE
-
         constrained = [self.constrain and p.tools is not None for p in params]
         states: list[Any] = [FREE] * rows
         with self.lock, torch.no_grad():
@@ -137,10 +134,8 @@ class HfEngine:
                     logits = out.logits[:, -1].float().cpu()
                     constraint = self._constraint_for(logits.shape[-1]) if any(constrained) else None
                     for i in range(rows):
-                        if constrained[i] and finish[i] is None and states[i] is not FREE:
+                        if constrained[i] and finish[i] is None:  # outside a call only stray specials are masked
                             logits[i] = logits[i].masked_fill(~constraint.mask(states[i], params[i].tools), float("-inf"))
-                        elif constrained[i] and finish[i] is None:  # outside a call: only stray specials are masked
-                            logits[i] = logits[i].masked_fill(~constraint.free, float("-inf"))
                     # temperature-1 log-probs of the distribution sampled from (masked when constrained)
                     raw = torch.log_softmax(logits, dim=-1)
                     step = torch.full((rows, 1), self.pad_id, dtype=torch.long)
@@ -149,7 +144,8 @@ class HfEngine:
                             continue
                         token = _sample(logits[i], params[i], generators[i])
                         if constrained[i]:
-                            states[i] = constraint.advance(states[i], token, params[i].tools)
+                            # None only past a dead end the mask let through freely: write freely from there
+                            states[i] = constraint.advance(states[i], token, params[i].tools) or FREE
                         tokens[i].append(token)
                         logprobs[i].append(float(raw[i, token]))
                         step[i, 0] = token
