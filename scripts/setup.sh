@@ -12,4 +12,9 @@ fi
 # torch first and alone: the pinned CPU wheel; any looser spec would pull GBs of CUDA packages.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
 .venv/bin/pip install -q -c constraints.txt -e ".[dev]"
+# BFCL multi-turn's data and API classes (`arenaforge envs import bfcl`), without the package's declared dependencies:
+# those pull sentence-transformers (torch with CUDA), numpy==1.26.4 and a dozen provider SDKs, none of which the
+# multi-turn classes use (MathAPI's mpmath is already pinned). A 2 MB pure-Python wheel.
+.venv/bin/python -c "import importlib.util as u; exit(u.find_spec('bfcl_eval') is None)" 2>/dev/null \
+  || .venv/bin/pip install -q --no-deps "bfcl-eval==2026.3.23"
 echo "setup: .venv ready ($(.venv/bin/python --version))"

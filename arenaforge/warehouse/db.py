@@ -12,6 +12,7 @@ open their own connection (never share one).
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import threading
 import time
@@ -25,7 +26,6 @@ import duckdb
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.contracts import validate
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.schemas.ids import canonical_json
 
 R = TypeVar("R", bound=Record)
 
@@ -177,7 +177,9 @@ class Warehouse:
         for record in records:
             data = record.content()
             validate(record.KIND, data)  # the JSON contract, at the storage boundary
-            rows[record.id] = (record.id, record.run_id, list(record.parents), canonical_json(data))
+            # stored in the record's own key order (its id ignores order): tool code iterates an environment's state
+            stored = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            rows[record.id] = (record.id, record.run_id, list(record.parents), stored)
         return column_lists(list(rows.values()), len(_RECORD_COLUMNS))
 
     @staticmethod
