@@ -46,6 +46,8 @@ def run_cmd(
     suite: str = typer.Option(None, "--suite", help="An imported suite (`arenaforge envs import`): its environments, "
                                                     "every split unless --split is given, scored with its native "
                                                     "metric beside our F1."),
+    constrain_tool_calls: bool = typer.Option(True, help="hf engine: tool calls decoded to the environment's "
+                                              "tool names and argument keys."),
 ) -> None:
     """Mean F1, recall, precision, calls per task and failure reasons (and an imported suite's native metric);
     stored as an eval_runs row."""
@@ -57,7 +59,8 @@ def run_cmd(
         config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
         policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
         envs=EnvSelection(limit=env_limit, split=split or ("all" if suite else "test"), suite=suite),
-        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+        episode=EpisodeParams(max_turns=max_turns, constrain_tool_calls=constrain_tool_calls,
+                              max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )
     result = run_flow(evaluate(params))

@@ -18,6 +18,9 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # Tool calls may only name these tools and their argument keys (hf engine: constrained decoding,
+    # see policy/constrained.py); None leaves the model free.
+    tools: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,10 @@ meanwhile. Every request samples with its own seeded generator, so an answer dep
 own seed only, never on which requests shared its batch. `lock` serialises model use: the
 GRPO trainer holds it during an update so generation never reads half-updated weights. Each
 answer stops at its own stop token or token limit.
+
+Constrained decoding (`constrain=True`, the default): a request whose params name `tools` samples
+its tool calls from the logits masked to what keeps the call well-formed with a real tool name and
+schema keys (policy/constrained.py), and its log-probs are those of that masked distribution.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint
 
 
 @dataclass
@@ -35,7 +40,7 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: str = "hf", device: str = "cpu",
-                 max_batch: int = 16) -> None:
+                 max_batch: int = 16, constrain: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy
@@ -49,13 +54,21 @@ class HfEngine:
         self._queue: list[_Request] = []
         self._worker: asyncio.Task | None = None
         self.batches: list[int] = []  # sizes of the generate calls made (observability, tests)
+        self.constrain = constrain
+        self._constraint: Any = None  # built on first constrained request (one pass over the vocabulary)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "cpu") -> "HfEngine":
+    def from_pretrained(cls, path: str | Path, device: str = "cpu", constrain: bool = True) -> "HfEngine":
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(str(path)).to(device)
-        return cls(model, AutoTokenizer.from_pretrained(str(path)), policy=str(path), device=device)
+        return cls(model, AutoTokenizer.from_pretrained(str(path)), policy=str(path), device=device,
+                   constrain=constrain)
+
+    def _constraint_for(self, width: int) -> Any:
+        if self._constraint is None or self._constraint.vocab_size != width:
+            self._constraint = ToolCallConstraint(self.tokenizer, width)
+        return self._constraint
 
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -107,6 +120,8 @@ class HfEngine:
         tokens: list[list[int]] = [[] for _ in prompts]
         logprobs: list[list[float]] = [[] for _ in prompts]
         finish: list[str | None] = [None] * rows
+        constrained = [self.constrain and p.tools is not None for p in params]
+        states: list[Any] = [FREE] * rows
         with self.lock, torch.no_grad():
             was_training = self.model.training
             self.model.eval()
@@ -117,12 +132,20 @@ class HfEngine:
                 next_pos = positions[:, -1:] + 1
                 for _ in range(max(limits)):
                     logits = out.logits[:, -1].float().cpu()
-                    raw = torch.log_softmax(logits, dim=-1)  # temperature-1 log-probs, what the trainer recomputes
+                    constraint = self._constraint_for(logits.shape[-1]) if any(constrained) else None
+                    for i in range(rows):
+                        if constrained[i] and finish[i] is None:  # outside a call only stray specials are masked
+                            logits[i] = logits[i].masked_fill(~constraint.mask(states[i], params[i].tools), float("-inf"))
+                    # temperature-1 log-probs of the distribution sampled from (masked when constrained)
+                    raw = torch.log_softmax(logits, dim=-1)
                     step = torch.full((rows, 1), self.pad_id, dtype=torch.long)
                     for i in range(rows):
                         if finish[i] is not None:
                             continue
                         token = _sample(logits[i], params[i], generators[i])
+                        if constrained[i]:
+                            # None only past a dead end the mask let through freely: write freely from there
+                            states[i] = constraint.advance(states[i], token, params[i].tools) or FREE
                         tokens[i].append(token)
                         logprobs[i].append(float(raw[i, token]))
                         step[i, 0] = token

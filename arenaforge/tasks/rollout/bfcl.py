@@ -25,6 +25,7 @@ from typing import Any
 
 from arenaforge.schemas.models import FunctionDoc
 from arenaforge.tasks.policy.base import PolicyEngine, SamplingParams
+from arenaforge.tasks.policy.constrained import tool_specs
 from arenaforge.tasks.rollout.episodes import DEFAULT_SYSTEM, IM_END, ParsedCall, parse_tool_calls
 
 CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel"}
@@ -171,14 +172,15 @@ def prompt_ids(tokenizer: Any, item: BfclItem) -> list[int]:
 
 
 async def evaluate_bfcl(engine: PolicyEngine, tokenizer: Any, items: Sequence[BfclItem], *, max_tokens: int = 128,
-                        max_prompt_tokens: int = 2048) -> dict[str, Any]:
+                        max_prompt_tokens: int = 2048, constrain: bool = True) -> dict[str, Any]:
     """Accuracy per category (and their mean) of `engine` answering each item once, greedily."""
 
     async def one(item: BfclItem) -> bool | None:
         ids = prompt_ids(tokenizer, item)
         if len(ids) > max_prompt_tokens:
             return None  # too long for this policy's context: counted apart, not as wrong
-        gen = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0))
+        tools = tool_specs(item.functions) if constrain else None  # calls decoded to this item's functions
+        gen = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0, tools=tools))
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=False).removesuffix(IM_END)
         return calls_match(parse_tool_calls(text, [f.name for f in item.functions]), item.ground_truth, item.functions)
 

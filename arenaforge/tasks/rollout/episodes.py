@@ -34,6 +34,7 @@ from arenaforge.environments.reward import f1_reward
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall, ToolObservation
 from arenaforge.tasks.policy.base import PolicyEngine, SamplingParams
+from arenaforge.tasks.policy.constrained import tool_specs
 
 IM_END = "<|im_end|>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -67,6 +68,7 @@ class RolloutConfig:
     top_p: float = 1.0
     system_prompt: str | None = DEFAULT_SYSTEM
     seed: int | None = None
+    constrain_tool_calls: bool = True  # engines that support it decode calls to this env's tools/keys only
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,9 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                 messages.append(ChatMessage(role="user", content=prompt))
             if hasattr(session, "turn"):
                 session.turn = user_turn
-            tool_names = [t.name for t in env.visible_tools(user_turn)]
+            visible = env.visible_tools(user_turn)
+            tool_names = [t.name for t in visible]
+            specs = tool_specs(visible) if cfg.constrain_tool_calls else None
             turn_results: list[str] = []
             status = "max_turns"
             for step in range(cfg.max_turns):
@@ -222,6 +226,7 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                 params = SamplingParams(
                     max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
                     stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turns,
+                    tools=specs,
                 )
                 started = time.perf_counter()
                 gen = await engine.generate(prompt_ids + response_ids, params)

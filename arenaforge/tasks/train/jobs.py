@@ -72,11 +72,14 @@ class EpisodeParams(BaseModel):
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature; 0 = greedy.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens "
                          "whose probability reaches this.")
+    constrain_tool_calls: bool = Field(default=True, description="hf engine: decode tool calls constrained to the "
+                                       "environment's tool names and argument keys, well-formed JSON (the "
+                                       "log-probs are the constrained distribution's).")
 
     def rollout_config(self, seed: int | None = None) -> RolloutConfig:
         return RolloutConfig(max_turns=self.max_turns, max_length=self.max_length,
                              max_tokens_per_turn=self.max_tokens_per_turn, temperature=self.temperature,
-                             top_p=self.top_p, seed=seed)
+                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls)
 
 
 # The episode limits training uses; evaluation of a trained policy uses the same limits, greedy.
