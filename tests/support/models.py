@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from arenaforge.schemas.config import Config, ModelConfig
-from arenaforge.tasks.models import OpenAICompatibleModel
+from arenaforge.tasks.models import Accounted, OpenAICompatibleModel
 from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.run_scope import open_run_scope
 from arenaforge.warehouse import Warehouse
@@ -16,9 +16,10 @@ from arenaforge.warehouse import Warehouse
 
 @contextlib.contextmanager
 def http_model(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
-               ) -> Iterator[OpenAICompatibleModel]:
-    """The OpenAI-compatible provider; its cache and usage rows are flushed when the block exits."""
-    model = OpenAICompatibleModel(cfg, wh, run_id)
+               ) -> Iterator[Accounted]:
+    """The OpenAI-compatible provider behind the warehouse cache and usage ledger, as a run builds it; its
+    cache and usage rows are flushed when the block exits."""
+    model = Accounted(OpenAICompatibleModel(cfg), wh, run_id, cache=cfg.cache)
     try:
         yield model
     finally:

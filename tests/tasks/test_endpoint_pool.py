@@ -63,7 +63,7 @@ async def _ask_all(cfg: ModelConfig, questions: list[str], workers: int, wh: War
     answers: dict[str, str] = {}
     queue = list(reversed(questions))
     async with open_chat_model(cfg, wh, "run-1") as model:
-        assert isinstance(model, EndpointPool)
+        assert isinstance(model.sender, EndpointPool)  # behind the run's cache and usage ledger
 
         async def worker() -> None:
             while queue:

@@ -11,9 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from arenaforge.schemas.errors import ParseError
+from arenaforge.tasks.models.accounted import Accounted
+from arenaforge.tasks.models.answers import parse_json_answer
 from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse, NoAnswer, graded_by
 from arenaforge.tasks.models.providers import open_chat_model
-from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatibleModel, parse_json_answer
+from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatibleModel
 
 # Tokens a step's answer needs (an answer is cut there): a request never asks the endpoint to reserve
 # `model.max_tokens` (the cap) for an answer that is a few fields long, and an abandoned one holds a slot for less.
@@ -43,6 +45,7 @@ async def complete_json(
 
 __all__ = [
     "ANSWER_TOKENS",
+    "Accounted",
     "ChatModel",
     "ChatRequest",
     "ChatResponse",

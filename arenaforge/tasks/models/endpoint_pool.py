@@ -12,9 +12,9 @@ ejected endpoint is checked with GET /models `health_interval_s` after it failed
 intervals up to `backoff_max_s`, and takes requests again as soon as a check passes. When every
 endpoint is ejected, a request checks them all at once and goes to the first that answers.
 
-Accounting and the response cache are the pool's, not the members': one `llm_calls` row per
-request whichever endpoint answered and however often it was re-sent, so records and usage rows are
-the same as with one endpoint.
+Accounting and the response cache wrap the whole pool (`accounted.py`), not its members: one
+`llm_calls` row per request whichever endpoint answered and however often it was re-sent, so records
+and usage rows are the same as with one endpoint.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ from typing import Any, Protocol
 from arenaforge.schemas.config import ModelConfig
 from arenaforge.schemas.errors import ProviderError, ProviderUnreachable
 from arenaforge.tasks.models.base import ChatRequest, ChatResponse
-from arenaforge.tasks.models.cache import ResponseCache, UsageLedger
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
-from arenaforge.warehouse.db import Warehouse
 
 log = logging.getLogger(__name__)
 
@@ -79,43 +77,16 @@ class EndpointPool:
     kind = "openai"
     decides_by = "model"
 
-    def __init__(self, cfg: ModelConfig, urls: list[str], wh: Warehouse | None, run_id: str | None,
-                 member: Callable[[str], Member]) -> None:
+    def __init__(self, cfg: ModelConfig, urls: list[str], member: Callable[[str], Member]) -> None:
         self.cfg = cfg
         self.name = cfg.model
         self.endpoints = [Endpoint(url=url, client=member(url)) for url in urls]
-        self.cache = ResponseCache(wh, cfg.model) if (wh is not None and cfg.cache) else None
-        self.ledger = UsageLedger(wh, run_id) if wh is not None else None
         self.resent = 0
         self.resent_failed = 0
         self._turn = itertools.count()
 
     # ------------------------------------------------------------------ the seam
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        key = request.cache_key(self.name)
-        started = time.perf_counter()
-        if self.cache is not None:
-            hit = self.cache.get(key)
-            if hit is not None:
-                self._account(key, request, hit, started, "cached")
-                return hit
-        try:
-            response = await self._route(request)
-        except ProviderError as err:
-            self._account(key, request, None, started, "failed", err)
-            raise
-        if self.cache is not None:
-            self.cache.put(key, request.model_dump(mode="json"), response)
-        self._account(key, request, response, started, "sent")
-        return response
-
-    def _account(self, key: str, request: ChatRequest, response: ChatResponse | None, started: float,
-                 cost_class: str, err: ProviderError | None = None) -> None:
-        if self.ledger is not None:
-            self.ledger.record(key, request.step, self.name, response, time.perf_counter() - started, cost_class,
-                               error=err)
-
-    async def _route(self, request: ChatRequest) -> ChatResponse:
         """Send to the least busy healthy endpoint; on a connection failure, eject it and re-send once elsewhere."""
         first = await self._pick(exclude=None)
         try:
@@ -201,12 +172,6 @@ class EndpointPool:
             {"url": e.url, "healthy": e.healthy, "answered": e.answered, "ejections": e.ejections,
              "returns": e.returns, "limit": round(e.client.limiter.limit, 1), "peak_in_flight": e.client.limiter.peak}
             for e in self.endpoints])
-
-    def close(self) -> None:
-        """Flush the cache and usage rows to the warehouse (blocks until they are written)."""
-        for writer in (self.cache, self.ledger):
-            if writer is not None:
-                writer.close()
 
     async def aclose(self) -> None:
         for endpoint in self.endpoints:
