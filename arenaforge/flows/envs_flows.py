@@ -41,7 +41,8 @@ def build_environments_task(params: EnvsParams, run_id: str, qa_ids: list[str]) 
 
 
 def _warehouse(cfg: Any) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
+                     data_path=cfg.warehouse.data_path)
 
 
 @flow(name="envs", log_prints=True)

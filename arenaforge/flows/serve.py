@@ -31,6 +31,7 @@ from typing import Any
 
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ArenaforgeError, ConfigError
+from arenaforge.warehouse import absolute_location
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -145,7 +146,9 @@ class Stack:
         env["PREFECT_HOME"] = str(self._home())
         env["PREFECT_API_URL"] = self.api_url
         # Flow runs resolve config exactly as this process did: absolute warehouse, same TOML.
-        env["ARENAFORGE_WAREHOUSE__PATH"] = str(Path(self.cfg.warehouse.path).resolve())
+        env["ARENAFORGE_WAREHOUSE__PATH"] = absolute_location(self.cfg.warehouse.path)
+        if self.cfg.warehouse.data_path:
+            env["ARENAFORGE_WAREHOUSE__DATA_PATH"] = absolute_location(self.cfg.warehouse.data_path)
         env.pop("ARENAFORGE_DB", None)
         if os.environ.get("ARENAFORGE_CONFIG"):
             env["ARENAFORGE_CONFIG"] = str(Path(os.environ["ARENAFORGE_CONFIG"]).resolve())

@@ -48,7 +48,8 @@ class SftParams(_ConfigRef):
 
 
 def _warehouse(cfg: Config) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
+                     data_path=cfg.warehouse.data_path)
 
 
 @task(name="ingest-tools", retries=0)

@@ -13,7 +13,7 @@ import pytest
 
 from arenaforge.schemas import FunctionDoc, Rejection, Server, Tool, WarehouseError
 from arenaforge.warehouse import Warehouse, export_relation, migration_files, recorded_run
-from arenaforge.warehouse.db import _MIGRATED
+from arenaforge.warehouse.single_file import _MIGRATED
 
 
 def _tools(n: int, server: str = "srv") -> list[Tool]:
@@ -138,7 +138,7 @@ def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse)
 
     writer = BufferedTableWriter(tmp_warehouse, "llm_calls", [
         ("call_id", "VARCHAR"), ("key", "VARCHAR"), ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"),
-        ("reasks", "INTEGER"), ("prompt_tokens", "INTEGER"), ("latency_s", "DOUBLE")], key="call_id", interval_s=0.001)
+        ("reasks", "INTEGER"), ("prompt_tokens", "INTEGER"), ("latency_s", "DOUBLE")], interval_s=0.001)
     errors: list[BaseException] = []
 
     def upserts(tag: str) -> None:

@@ -64,9 +64,58 @@ def export(
 
 
 @app.command()
-def migrate(ctx: typer.Context) -> None:
-    """Apply pending migrations (every command does this on first use)."""
+def migrate(
+    ctx: typer.Context,
+    from_file: str = typer.Option(None, "--from", help="A single-file warehouse (.duckdb) to copy into this one."),
+) -> None:
+    """Apply pending migrations; with --from, copy a single-file warehouse into this (DuckLake) one."""
     wh = state(ctx).warehouse()
-    with wh.connect() as con:
-        applied = con.execute("SELECT name FROM schema_migrations ORDER BY version").fetchall()
-    console.print("\n".join(name for (name,) in applied))
+    if from_file:
+        from arenaforge.warehouse.legacy import import_single_file
+
+        if wh.layout != "ducklake":
+            raise InputError(f"{wh.path} is a single DuckDB file; pass a new directory with --db, e.g. --db ./arenaforge.lake")
+        done = import_single_file(from_file, wh)
+        rows = [(table, n) for table, n in done["rows_copied"].items() if n]
+        print_rows(["table", "rows copied"], rows, title=f"{done['from']} -> {done['to']}")
+        if done["tables_skipped"]:
+            console.print(f"skipped (no such table here): {', '.join(done['tables_skipped'])}")
+        return
+    applied = wh.migrate()
+    console.print("\n".join(wh.applied_migrations()) + (f"\n(applied now: {', '.join(applied)})" if applied else ""))
+
+
+@app.command()
+def compact(
+    ctx: typer.Context,
+    older_than_hours: float = typer.Option(24.0, "--older-than-hours", min=0, help=(
+        "Drop snapshots (and files only they use) from before the UTC day this many hours ago; "
+        "readers holding an older snapshot would lose its files.")),
+) -> None:
+    """Maintenance: merge small Parquet files, flush rows inlined in the catalog, drop expired snapshots."""
+    wh = state(ctx).warehouse()
+    done = wh.compact(older_than_hours)
+    if "before" in done:
+        keys = list(done["before"])
+        print_rows(["", *keys], [("before", *done["before"].values()), ("after", *done["after"].values())],
+                   title=f"compacted {wh.path}")
+    else:
+        console.print(f"{wh.path}: single DuckDB file, checkpointed")
+
+
+@app.command()
+def cli(
+    ctx: typer.Context,
+    print_only: bool = typer.Option(False, "--print", help="Print the shell command instead of running it."),
+) -> None:
+    """Open the warehouse read-only in the DuckDB CLI (safe while flows write)."""
+    import os
+    import shlex
+
+    from arenaforge.warehouse.extensions import cli_binary
+
+    args = [cli_binary(), *state(ctx).warehouse().cli_args()]
+    if print_only:
+        typer.echo(shlex.join(args))
+        return
+    os.execv(args[0], args)

@@ -1,0 +1,120 @@
+"""The numbered migrations, applied to a DuckLake catalog.
+
+Migrations are written for plain DuckDB (`migrations/NNNN_what.sql`) and keep working on both
+layouts. DuckLake refuses PRIMARY KEY / UNIQUE constraints and indexes, so every statement is first
+run on a scratch in-memory DuckDB holding the declared schema: a statement that creates a table
+with a key is sent to the lake as the same table without the constraint (columns, types, NOT NULL
+and defaults as DuckDB parsed them), an index is skipped, anything else (views, ALTERs, data
+changes) runs on the lake as written. The scratch schema also tells writers each table's key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+
+from arenaforge.schemas.errors import WarehouseError
+
+
+class DeclaredSchema:
+    """The schema the migrations declare, replayed in memory; keys per table and lake DDL."""
+
+    def __init__(self) -> None:
+        self.con = duckdb.connect()
+
+    def keys(self) -> dict[str, list[str]]:
+        """table -> its PRIMARY KEY (else first UNIQUE) columns."""
+        rows = self.con.execute(
+            "SELECT table_name, constraint_type, constraint_column_names FROM duckdb_constraints() "
+            "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') ORDER BY constraint_type = 'UNIQUE', constraint_index"
+        ).fetchall()
+        keys: dict[str, list[str]] = {}
+        for table, _, columns in rows:
+            keys.setdefault(table, list(columns))
+        return keys
+
+    def replay(self, sql: str) -> None:
+        """Apply an already-applied migration to the scratch schema only."""
+        for statement in self.con.extract_statements(sql):
+            self.con.execute(statement.query)
+
+    def lake_statements(self, sql: str) -> list[str]:
+        """The statements that apply `sql` to a lake (and apply it to the scratch schema)."""
+        out = []
+        for statement in self.con.extract_statements(sql):
+            if statement.type != duckdb.StatementType.CREATE:
+                self.con.execute(statement.query)
+                out.append(statement.query)
+                continue
+            before = self._tables()
+            self.con.execute(statement.query)
+            after = self._tables()
+            new = [t for t in after if t not in before]
+            if any(after[t][1] > before[t][1] for t in before if t in after):
+                continue  # CREATE INDEX on an existing table: DuckLake has no indexes
+            keys = self.keys() if new else {}
+            keyed = [t for t in new if t in keys]
+            out.extend(self._create_table(t) for t in keyed)
+            if not keyed and not (not new and _declares_key(statement.query)):  # a no-op IF NOT EXISTS
+                out.append(statement.query)
+        return out
+
+    def _tables(self) -> dict[str, tuple[bool, int]]:
+        rows = self.con.execute("SELECT table_name, has_primary_key, index_count FROM duckdb_tables()").fetchall()
+        return {name: (pk, indexes) for name, pk, indexes in rows}
+
+    def _create_table(self, table: str) -> str:
+        columns = self.con.execute(f"PRAGMA table_info('{table}')").fetchall()  # cid, name, type, notnull, default, pk
+        parts = [f'"{name}" {kind}' + (f" DEFAULT ({default})" if default is not None else "")
+                 + (" NOT NULL" if notnull else "") for _, name, kind, notnull, default, _ in columns]
+        return f'CREATE TABLE IF NOT EXISTS "{table}" ({", ".join(parts)})'
+
+
+def _declares_key(query: str) -> bool:
+    if not any(word in query.upper() for word in ("PRIMARY", "UNIQUE")):
+        return False
+    scratch = duckdb.connect()
+    try:
+        scratch.execute(query)
+    except duckdb.Error:
+        return False
+    return bool(scratch.execute("SELECT count(*) FROM duckdb_constraints() WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE')").fetchone()[0])
+
+
+def apply_to_lake(con: duckdb.DuckDBPyConnection, migrations: Sequence[tuple[int, str, str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """Apply pending migrations; (names applied, keys per table). The caller holds the writers' lock.
+
+    All pending migrations go in ONE transaction (a DuckLake commit of DDL costs ~0.2 s, and a new
+    warehouse has every migration pending): a failing one leaves the warehouse as it was.
+    """
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                    "(version INTEGER NOT NULL, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)")
+        done = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
+        schema = DeclaredSchema()
+        applied = []
+        for version, name, sql in migrations:
+            if version in done:
+                schema.replay(sql)
+                continue
+            try:
+                for statement in schema.lake_statements(sql):
+                    con.execute(statement)
+            except duckdb.Error as err:
+                raise WarehouseError(f"migration {name} failed: {str(err).splitlines()[0]}") from None
+            con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+            applied.append(name)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return applied, schema.keys()
+
+
+def declared_keys(migrations: Sequence[tuple[int, str, str]]) -> dict[str, list[str]]:
+    schema = DeclaredSchema()
+    for _, _, sql in migrations:
+        schema.replay(sql)
+    return schema.keys()
