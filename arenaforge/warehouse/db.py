@@ -103,6 +103,11 @@ class Warehouse:
     def layout(self) -> str:
         return self.store.layout
 
+    @property
+    def key(self) -> str:
+        """The same string for every Warehouse object naming this warehouse."""
+        return self.store.key
+
     # ------------------------------------------------------------------ connections
     @contextlib.contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -142,10 +147,23 @@ class Warehouse:
             return 0
         batches = {table: self._record_rows(items) for table, items in by_table.items()}
         select = _RECORDS.format(rows=column_rows(_RECORD_COLUMNS))
+        from arenaforge.warehouse.buffer import riding_rows  # here: buffer.py imports this module
+
+        committer = riding_rows(self)  # queued cache/usage rows ride along: one commit instead of two
+        taken = committer.take() if committer is not None else {}
         new = 0
-        with self.transaction() as con:
-            for table, batch in batches.items():
-                new += self.store.insert_new(con, table, "id, run_id, parents, record", select, batch, ["id"], replace)
+        try:
+            with self.transaction() as con:
+                for table, batch in batches.items():
+                    new += self.store.insert_new(con, table, "id, run_id, parents, record", select, batch, ["id"], replace)
+                if taken:
+                    committer.write(con, taken)  # type: ignore[union-attr]
+        except BaseException:
+            if taken:
+                committer.give_back(taken)  # type: ignore[union-attr]
+            raise
+        if taken:
+            committer.done(taken)  # type: ignore[union-attr]
         return new
 
     def insert_rows(self, table: str, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> int:

@@ -109,7 +109,7 @@ class _Engine:
         self.db = duckdb.connect()
         self.loaded: set[str] = set()
         self.attached: dict[str, list] = {}  # location key -> [alias, users]
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered: attaching a PostgreSQL lake attaches its lock database
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         return self.db.cursor()
@@ -257,12 +257,13 @@ class AdvisoryWriterLock(WriterLock):
 
 def _wait(attempt, timeout_s: float, what: object) -> None:
     deadline = time.monotonic() + timeout_s
-    delay = 0.002
+    delay = 0.001
     while not attempt():
         if time.monotonic() > deadline:
             raise WarehouseError(f"warehouse {what} stayed locked by another writer for {timeout_s:.0f}s")
+        # short polls: a writer that backs off far loses every race to one that just released
         time.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, 0.01)
 
 
 def writer_lock(location: LakeLocation) -> WriterLock:
@@ -322,6 +323,7 @@ class LakeStore:
         self.where = location
         self.location = location.target if location.directory is None else str(location.directory)
         self.path = location.directory if location.directory is not None else location.target
+        self.key = location.key
         self.lock_timeout_s = lock_timeout_s
         self.migrations = migrations
         self._attachment: Attachment | None = None

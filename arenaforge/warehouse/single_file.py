@@ -50,6 +50,7 @@ class FileStore:
     def __init__(self, path: Path, lock_timeout_s: float, migrations: Sequence[tuple[int, str, str]]) -> None:
         self.path = path
         self.location = str(path)
+        self.key = str(path.resolve())
         self.lock_timeout_s = lock_timeout_s
         self.migrations = migrations
 
