@@ -48,7 +48,7 @@ def write(wh: Any, workload: Path, go: Path, out: Path) -> dict[str, Any]:
     wh.relations()  # open (a lake: attach and read the catalog) before the clock starts
     Path(str(out) + ".ready").touch()
     _wait_for(go)
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     new, upserts = 0, []
     for batch in batches:
         for row in batch["cache"]:
@@ -61,7 +61,7 @@ def write(wh: Any, workload: Path, go: Path, out: Path) -> dict[str, Any]:
             upserts.append(time.perf_counter() - t)
     cache.close()
     calls.close()
-    return {"start": start, "end": time.time(), "new_records": new, "upsert_s": upserts}
+    return {"start": start, "end": time.time(), "cpu_s": time.process_time() - cpu, "new_records": new, "upsert_s": upserts}
 
 
 def read(wh: Any, go: Path, stop: Path, out: Path) -> dict[str, Any]:
