@@ -180,12 +180,8 @@ class Warehouse:
                                          column_lists(list(unique.values()), len(columns)), key)
 
     def key_of(self, table: str) -> list[str]:
-        if isinstance(self.store, LakeStore):
-            keys = self.store.keys
-        else:
-            from arenaforge.warehouse.lake_schema import declared_keys
-
-            keys = declared_keys(self.store.migrations)
+        """The columns that identify a row of `table` (its declared PRIMARY KEY)."""
+        keys = self.store.keys
         if table not in keys:
             raise WarehouseError(f"table {table!r} declares no key; see arenaforge/warehouse/migrations")
         return keys[table]
@@ -229,12 +225,7 @@ class Warehouse:
     def relations(self) -> list[tuple[str, str]]:
         """(name, 'table' | 'view') of everything a user can browse."""
         with self.connect() as con:
-            tables = con.execute(
-                "SELECT table_name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END "
-                "FROM information_schema.tables WHERE table_catalog = current_database() AND table_schema = 'main' "
-                "ORDER BY 2, 1"
-            ).fetchall()
-        return [(n, k) for n, k in tables]
+            return self.store.relations(con)
 
     def require_relation(self, name: str) -> None:
         known = {n for n, _ in self.relations()}

@@ -113,8 +113,15 @@ def apply_to_lake(con: duckdb.DuckDBPyConnection, migrations: Sequence[tuple[int
     return applied, schema.keys()
 
 
+_DECLARED: dict[tuple[str, ...], dict[str, list[str]]] = {}
+
+
 def declared_keys(migrations: Sequence[tuple[int, str, str]]) -> dict[str, list[str]]:
-    schema = DeclaredSchema()
-    for _, _, sql in migrations:
-        schema.replay(sql)
-    return schema.keys()
+    """Keys per table the migrations declare (replayed once per process and migration set)."""
+    names = tuple(name for _, name, _ in migrations)
+    if names not in _DECLARED:
+        schema = DeclaredSchema()
+        for _, _, sql in migrations:
+            schema.replay(sql)
+        _DECLARED[names] = schema.keys()
+    return _DECLARED[names]

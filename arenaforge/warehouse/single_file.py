@@ -54,6 +54,12 @@ class FileStore:
         self.lock_timeout_s = lock_timeout_s
         self.migrations = migrations
 
+    @property
+    def keys(self) -> dict[str, list[str]]:
+        from arenaforge.warehouse.lake_schema import declared_keys
+
+        return declared_keys(self.migrations)
+
     @contextlib.contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
         con = self._open()
@@ -139,6 +145,14 @@ class FileStore:
         conflict = ("DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in others)) if replace else "DO NOTHING"
         con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {select} ON CONFLICT ({keys}) {conflict}", params)
         return int(new)
+
+    @staticmethod
+    def relations(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+        rows = con.execute(
+            "SELECT table_name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END "
+            "FROM information_schema.tables WHERE table_catalog = current_database() AND table_schema = 'main' "
+            "ORDER BY 2, 1").fetchall()
+        return [(n, k) for n, k in rows]
 
     def compact(self, older_than_hours: float = 24.0) -> dict[str, Any]:
         with self.connect() as con:

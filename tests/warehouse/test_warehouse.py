@@ -273,3 +273,11 @@ def test_cli_opens_the_lake_read_only(tmp_warehouse):
                              capture_output=True, text=True, timeout=120)
     assert "read-only" in (refused.stdout + refused.stderr).lower()
     assert tmp_warehouse.count("tools") == 2
+
+
+def test_a_write_inside_a_write_transaction_is_a_clear_error(tmp_warehouse):
+    with tmp_warehouse.transaction() as con:
+        con.execute("INSERT INTO graph_edges (server, src, dst, weight, origin) VALUES ('s', 'a', 'b', 1.0, 'dataflow')")
+        with pytest.raises(WarehouseError, match="already open in this thread"):
+            tmp_warehouse.upsert(_tools(1))  # would otherwise wait on the lock this thread holds
+    assert tmp_warehouse.count("graph_edges") == 1 and tmp_warehouse.count("tools") == 0

@@ -12,11 +12,15 @@ this measures the warehouse, not synthesis.
 Layouts: `single_file` (the DuckDB file as before DuckLake, this duckdb), `single_file_duckdb_2_0_0`
 (the same code under duckdb 2.0.0, i.e. today's single file exactly; when installed beside the
 environment), `ducklake_sqlite` (the default) and, with `--postgres CONNINFO`, `ducklake_postgres`.
-Scenarios: `one_writer` (a pipeline run alone) and `four_writers` (`writers` writer processes plus
-one reader process querying v_environments like `arenaforge db show`, its session held open).
+Scenarios: `one_writer` (a pipeline run alone: the throughput goal) and `four_writers` (`writers`
+writer processes plus one reader process running what `arenaforge db tables` / `db show
+environments` run, its session held open). Each (layout, scenario) runs `repeat` times, the layouts'
+order rotating so none always goes first on a machine whose load drifts.
 Reported per layout and scenario: rows/s (every row written, records and cache/usage rows, over
-the wall time from start to the last writer's flush), upsert latency, read latency, rows lost and
-duplicated (expected distinct keys vs stored). Ratios are against today's single file.
+the wall time from start to the last writer's flush; median of the repeats, and each run), the
+writers' CPU seconds per 1,000 rows (least distorted by machine load), upsert and read latency
+(pooled), rows lost and duplicated (expected distinct keys vs stored). Ratios are against today's
+single file (duckdb 2.0.0 when installed beside the environment).
 """
 
 from __future__ import annotations
