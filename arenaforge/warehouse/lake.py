@@ -15,8 +15,7 @@ upserts are "insert what is not there yet"; that is only exact when no other wri
 between, which the lock guarantees (measured: without it, two writers inserting the same id over a
 PostgreSQL catalog both commit). Readers never take the lock.
 
-Each process has one in-memory DuckDB that every lake it uses is ATTACHed to: loading the
-extensions costs ~0.2 s each per database instance, an ATTACH ~10 ms.
+Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed as `arenaforge`.
 """
 
 from __future__ import annotations
@@ -44,10 +43,7 @@ from arenaforge.warehouse.extensions import extension_path
 # Rows per insert that DuckLake keeps inside the catalog instead of writing a Parquet file: DuckLake's
 # default. 0 and 1,000 measured no faster on the pipeline's write pattern; `db compact` flushes them.
 INLINE_ROWS = 10
-# Lakes a process keeps attached while no Warehouse object uses them (a flow makes a Warehouse per
-# task, and the first query after an ATTACH reads the catalog). Few: every transaction of the process
-# pays for each attached lake (measured: a count(*) 21 ms with one attached, 97 ms with six).
-KEEP_IDLE = 1
+KEEP_IDLE = 2  # lakes a process keeps open while no Warehouse object uses them
 _PG_LOCK_KEY = 0x4172656E61  # "Arena": the advisory-lock key every writer of a PostgreSQL catalog uses
 
 
@@ -106,67 +102,79 @@ def _q(text: str) -> str:
     return text.replace("'", "''")
 
 
-# --------------------------------------------------------------------------- one DuckDB per process
+# --------------------------------------------------------------------------- one DuckDB per lake
+ALIAS = "arenaforge"  # the lake's catalog name, in this process as in `arenaforge db cli`
+_VERIFIED: set[str] = set()  # extension files whose signature this process has checked
+
+
+def _database(paths: list[str]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with these extension files loaded. DuckDB checks an extension's signature
+    by hashing its file (~0.27 s for these 35 MB) at every LOAD into every database; a process checks
+    each file once, then loads it unchecked into the databases it opens later (~1 ms)."""
+    checked = all(p in _VERIFIED for p in paths)
+    db = duckdb.connect(config={"allow_unsigned_extensions": "true"} if checked else {})
+    for path in paths:
+        db.execute(f"LOAD '{_q(path)}'")
+        _VERIFIED.add(path)
+    return db
+
+
 class _Engine:
-    def __init__(self) -> None:
-        self.db = duckdb.connect()
-        self.loaded: set[str] = set()
-        self.attached: dict[str, list] = {}  # location key -> [alias, users]
-        self.lock = threading.Lock()
+    """A lake's own DuckDB in this process. Not one DuckDB for every lake: each transaction there
+    reads the snapshot of every attached lake (measured: a count(*) 21 ms with one attached, 97 ms with
+    six; a stopped PostgreSQL catalog then broke queries to every other warehouse)."""
+
+    def __init__(self, location: LakeLocation, writer_lock: "WriterLock", timeout_s: float) -> None:
+        self.db = _database([extension_path(n) for n in location.extensions])
+        if location.directory is not None:
+            _prepare_directory(location)
+        with writer_lock.hold(timeout_s):  # the first ATTACH creates the catalog: one process at a time
+            try:
+                self.db.execute(location.attach_sql(ALIAS))
+            except duckdb.Error as err:
+                self.db.close()
+                raise WarehouseError(f"cannot open warehouse {location.target}: {str(err).splitlines()[0]}") from None
+        self.db.execute(f"USE {ALIAS}")
+        self.users = 0
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        return self.db.cursor()
-
-    def acquire(self, location: LakeLocation, writer_lock: "WriterLock", timeout_s: float) -> str:
-        with self.lock:
-            entry = self.attached.get(location.key)
-            if entry is not None:
-                entry[1] += 1
-                return entry[0]
-            for name in location.extensions:
-                if name not in self.loaded:
-                    self.db.execute(f"LOAD '{_q(extension_path(name))}'")
-                    self.loaded.add(name)
-            alias = "lake_" + hashlib.sha1(location.key.encode()).hexdigest()[:12]
-            if location.directory is not None:
-                _prepare_directory(location)
-            with writer_lock.hold(timeout_s):  # the first ATTACH creates the catalog: one process at a time
-                try:
-                    self.db.execute(location.attach_sql(alias))
-                except duckdb.Error as err:
-                    raise WarehouseError(f"cannot open warehouse {location.target}: {str(err).splitlines()[0]}") from None
-            self.attached[location.key] = [alias, 1]
-            return alias
-
-    def release(self, location: LakeLocation) -> None:
-        """One user fewer. Unused lakes stay attached (the first query after an ATTACH reads the
-        catalog, ~0.1 s) until more than KEEP_IDLE are unused; then the longest unused goes."""
-        with self.lock:
-            entry = self.attached.get(location.key)
-            if entry is None:
-                return
-            entry[1] -= 1
-            if entry[1] == 0:
-                self.attached[location.key] = self.attached.pop(location.key)  # most recently released last
-            idle = [k for k, (_, users) in self.attached.items() if users == 0]
-            for key in idle[: max(0, len(idle) - KEEP_IDLE)]:
-                alias, _ = self.attached.pop(key)
-                with contextlib.suppress(duckdb.Error):
-                    self.db.execute(f"DETACH {alias}")
+        con = self.db.cursor()
+        con.execute(f"USE {ALIAS}")  # a cursor starts in the in-memory database, not the parent's
+        return con
 
 
-_ENGINES: dict[int, _Engine] = {}
+_ENGINES: dict[tuple[int, str], _Engine] = {}  # (pid, location key): DuckDB instances do not survive fork
 _ENGINES_LOCK = threading.Lock()
 
 
-def engine() -> _Engine:
-    """This process's DuckDB (a forked child makes its own: DuckDB instances do not survive fork)."""
+def _acquire(location: LakeLocation, writer_lock: "WriterLock", timeout_s: float) -> _Engine:
+    key = (os.getpid(), location.key)
     with _ENGINES_LOCK:
-        pid = os.getpid()
-        if pid not in _ENGINES:
-            _ENGINES.clear()
-            _ENGINES[pid] = _Engine()
-        return _ENGINES[pid]
+        eng = _ENGINES.get(key)
+        if eng is None:
+            eng = _ENGINES[key] = _Engine(location, writer_lock, timeout_s)
+        eng.users += 1
+        return eng
+
+
+def _release(pid: int, location: LakeLocation) -> None:
+    """One user fewer. Unused lakes stay open (a flow makes a Warehouse per task, and the first query
+    after an ATTACH reads the catalog, ~0.1 s) until more than KEEP_IDLE are unused; the longest
+    unused closes."""
+    if os.getpid() != pid:
+        return
+    with _ENGINES_LOCK:
+        key = (pid, location.key)
+        eng = _ENGINES.get(key)
+        if eng is None:
+            return
+        eng.users -= 1
+        if eng.users == 0:
+            _ENGINES[key] = _ENGINES.pop(key)  # most recently released last
+        idle = [k for k, e in _ENGINES.items() if e.users == 0 and k[0] == pid]
+        for k in idle[: max(0, len(idle) - KEEP_IDLE)]:
+            with contextlib.suppress(duckdb.Error):
+                _ENGINES.pop(k).db.close()
 
 
 def _prepare_directory(location: LakeLocation) -> None:
@@ -241,16 +249,16 @@ class AdvisoryWriterLock(WriterLock):
 
 
 _LOCK_ENGINES: dict[tuple[int, str], duckdb.DuckDBPyConnection] = {}
+_LOCK_ENGINES_LOCK = threading.Lock()
 
 
 def _lock_engine(target: str, alias: str) -> duckdb.DuckDBPyConnection:
-    """A DuckDB of its own holding the PostgreSQL connection the advisory locks go through: attached
-    to the lakes' DuckDB, every query there would list its tables too (information_schema)."""
-    with _ENGINES_LOCK:
+    """A DuckDB of its own holding the PostgreSQL connections the advisory locks go through (beside
+    the lake's, every catalog listing there would reach into PostgreSQL's tables too)."""
+    with _LOCK_ENGINES_LOCK:
         key = (os.getpid(), target)
         if key not in _LOCK_ENGINES:
-            db = duckdb.connect()
-            db.execute(f"LOAD '{_q(extension_path('postgres_scanner'))}'")
+            db = _database([extension_path("postgres_scanner")])
             try:
                 db.execute(f"ATTACH '{_q(target)}' AS {alias} (TYPE postgres)")
             except duckdb.Error as err:
@@ -278,19 +286,19 @@ def writer_lock(location: LakeLocation) -> WriterLock:
 
 # --------------------------------------------------------------------------- attachment handle
 class Attachment:
-    """This process's attachment of one lake, detached when its last user is garbage-collected."""
+    """One user's hold on this process's DuckDB for a lake, released when it is garbage-collected."""
 
     def __init__(self, location: LakeLocation, timeout_s: float) -> None:
         self.location = location
         self.lock = writer_lock(location)
-        self.alias = engine().acquire(location, self.lock, timeout_s)
+        self.alias = ALIAS
+        self._engine = _acquire(location, self.lock, timeout_s)
         weakref.finalize(self, _release, os.getpid(), location)
 
     @contextlib.contextmanager
     def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        con = engine().cursor()
+        con = self._engine.cursor()
         try:
-            con.execute(f"USE {self.alias}")
             yield con
         finally:
             con.close()
@@ -305,11 +313,6 @@ def _cutoff(older_than_hours: float) -> str:
     moment = datetime.now(UTC) - timedelta(hours=older_than_hours)
     day = moment.replace(hour=0, minute=0, second=0, microsecond=0)
     return (day - timedelta(seconds=1)).strftime("%Y-%m-%d %H:%M:%S+00")
-
-
-def _release(pid: int, location: LakeLocation) -> None:
-    if os.getpid() == pid and pid in _ENGINES:
-        _ENGINES[pid].release(location)
 
 
 # --------------------------------------------------------------------------- the store
