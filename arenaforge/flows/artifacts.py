@@ -77,7 +77,8 @@ def summary_table(
     body = f"## {title}\n\n{markdown_table(rows)}\n"
     if note:
         body += f"\n{note}\n"
-    return create_markdown_artifact(markdown=body, key=artifact_key(key) if key else None, description=description)
+    return create_markdown_artifact(markdown=body, key=artifact_key(key) if key else None, description=description,
+                                    _sync=True)
 
 
 def run_summary(
@@ -118,7 +119,7 @@ class Progress:
         if in_prefect_run():
             from prefect.artifacts import create_progress_artifact
 
-            self._id = create_progress_artifact(progress=0.0, key=artifact_key(key), description=description)
+            self._id = create_progress_artifact(progress=0.0, key=artifact_key(key), description=description, _sync=True)
             self._shown = 0.0
 
     @property
@@ -140,7 +141,7 @@ class Progress:
             return
         from prefect.artifacts import update_progress_artifact
 
-        update_progress_artifact(artifact_id=self._id, progress=float(pct))
+        update_progress_artifact(artifact_id=self._id, progress=float(pct), _sync=True)
         self._shown = pct
 
 
@@ -175,7 +176,7 @@ def figure_artifact(fig: Any, key: str, out_dir: str | Path, title: str | None =
 
         data = base64.b64encode(buf.getvalue()).decode()
         md = f"## {title or key}\n\n![{key}](data:image/png;base64,{data})\n\nSaved to `{path.resolve()}`\n"
-        create_markdown_artifact(markdown=md, key=artifact_key(key), description=title)
+        create_markdown_artifact(markdown=md, key=artifact_key(key), description=title, _sync=True)
     return path
 
 

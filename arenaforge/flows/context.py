@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,3 +36,9 @@ def state(ctx: typer.Context) -> CliState:
     if not isinstance(root.obj, CliState):
         root.obj = CliState()
     return root.obj
+
+
+def run_flow(call: Any) -> Any:
+    """The result of a flow call made from sync code: async flows return a coroutine, run here in a
+    fresh event loop (one loop per flow run; the CLI is a thin sync shell)."""
+    return asyncio.run(call) if inspect.iscoroutine(call) else call

@@ -2,8 +2,9 @@
 
     synthesize-qas  -> kept QA ids -> build-environments (one task run per batch of QA ids)
 
-Composition only: the stages live in `arenaforge/tasks/envs/pipeline.py`. Model-driven stages use
-retries=0 (the model-access layer owns retries); both stages are idempotent (content ids),
+Composition only: the stages live in `arenaforge/tasks/envs/pipeline.py`. The flow runs in one event
+loop and opens one `RunScope` (the run's model and sandbox pool) that every stage shares. Model-driven
+stages use retries=0 (the model-access layer owns retries); both stages are idempotent (content ids),
 so a re-run after a crash completes what was missing.
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, task
+from prefect.cache_policies import NONE
 from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
 from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
+from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.runs import recorded_run
 
@@ -28,16 +31,10 @@ class EnvsParams(EnvsSpec):
     overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted config overrides, e.g. model.backend.")
 
 
-@task(name="synthesize-qas", retries=0, tags=[MODEL_ENDPOINT])
-def synthesize_qas_task(params: EnvsParams, run_id: str) -> tuple[list[str], dict[str, int]]:
-    cfg = load_config(params.config_path, overrides=params.overrides)
-    return synthesize_qas(cfg, _warehouse(cfg), run_id, params)
-
-
-@task(name="build-environments", retries=0, tags=[MODEL_ENDPOINT, SANDBOX])
-def build_environments_task(params: EnvsParams, run_id: str, qa_ids: list[str]) -> dict[str, int]:
-    cfg = load_config(params.config_path, overrides=params.overrides)
-    return build_environments(cfg, _warehouse(cfg), run_id, params, qa_ids)
+# The run scope holds live objects (an HTTP session, a sandbox pool): never part of a cache key.
+synthesize_qas_task = task(synthesize_qas, name="synthesize-qas", retries=0, tags=[MODEL_ENDPOINT], cache_policy=NONE)
+build_environments_task = task(build_environments, name="build-environments", retries=0,
+                               tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
 
 
 def _warehouse(cfg: Any) -> Warehouse:
@@ -46,18 +43,24 @@ def _warehouse(cfg: Any) -> Warehouse:
 
 
 @flow(name="envs", log_prints=True)
-def envs(params: EnvsParams) -> dict[str, int]:
+async def envs(params: EnvsParams) -> dict[str, int]:
     """Synthesize verified, executable RL environments (ASTRA §1b) into the warehouse."""
     cfg = load_config(params.config_path, overrides=params.overrides)
     wh = _warehouse(cfg)
     with recorded_run(wh, "envs", params.model_dump(mode="json")) as (run, counts):
-        qa_ids, qa_counts = synthesize_qas_task(params, run.id)
-        counts.update(qa_counts)
-        batches = chunks(qa_ids, params.batch_size)
-        bar = progress("envs-batches", len(batches), "environment batches built")
-        for batch in batches:
-            for key, value in build_environments_task(params, run.id, batch).items():
-                counts[key] = counts.get(key, 0) + value
-            bar.advance()
+        async with open_run_scope(cfg, wh, run.id) as scope:
+            await _stages(scope, params, counts)
         run_summary("envs", run.id, counts, warehouse_path=str(wh.path))
     return counts
+
+
+async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -> None:
+    """QAs, then environments batch by batch; counts fill as stages finish (a failed run keeps them)."""
+    qa_ids, qa_counts = await synthesize_qas_task(scope, params)
+    counts.update(qa_counts)
+    batches = chunks(qa_ids, params.batch_size)
+    bar = progress("envs-batches", len(batches), "environment batches built")
+    for batch in batches:
+        for key, value in (await build_environments_task(scope, params, batch)).items():
+            counts[key] = counts.get(key, 0) + value
+        bar.advance()

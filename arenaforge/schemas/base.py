@@ -39,6 +39,9 @@ class Record(Frozen):
     KIND: ClassVar[str] = "record"
     ID_PREFIX: ClassVar[str] = "rec"
     TABLE: ClassVar[str] = "records"
+    # Fields that say where or how a record was made, not what it is: left out of its id, so the same
+    # content read from another checkout, machine or path is the same record.
+    ID_EXCLUDE: ClassVar[frozenset[str]] = frozenset()
 
     id: str = Field(default="", description="Content-addressed id: prefix + SHA-256 of the canonical JSON content.")
     parents: list[str] = Field(default_factory=list, description="Ids of the records this one was derived from.")
@@ -52,7 +55,7 @@ class Record(Frozen):
         return self
 
     def compute_id(self) -> str:
-        return content_id(self.ID_PREFIX, self.model_dump(mode="json"))
+        return content_id(self.ID_PREFIX, self.model_dump(mode="json", exclude=set(self.ID_EXCLUDE)))
 
     def content(self) -> dict[str, Any]:
         """The record as JSON-ready data (what is stored and validated)."""

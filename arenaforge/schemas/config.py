@@ -41,33 +41,44 @@ class WarehouseConfig(_Section):
 
 
 class ModelConfig(_Section):
-    backend: Literal["offline", "openai"] = Field(default="offline", description="offline needs no endpoint.")
+    """The model every model-driven step talks to, built once per run (tasks/models/providers/)."""
+
+    backend: str = Field(default="offline", description="Provider: offline (deterministic generators, no endpoint), "
+                                                        "openai (any OpenAI-compatible endpoint), or any provider "
+                                                        "module added under tasks/models/providers/.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
     model: str = Field(default="offline", description="Model name sent to the endpoint.")
     api_key: str | None = Field(default=None, description="Key for the endpoint (vLLM accepts any).")
-    timeout_s: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=5, ge=0, description="Retries on timeout, connection error, 429 and 5xx.")
+    timeout_s: float = Field(default=60.0, gt=0, description="Seconds one request may take, from when it is sent "
+                                                           "(time queued for a concurrency slot is not counted).")
+    max_retries: int = Field(default=5, ge=0, description="Retries of a request that can succeed: connection errors, "
+                                                        "timeouts, 408, 429, 502-504, truncated bodies.")
     backoff_base_s: float = Field(default=0.5, gt=0, description="First backoff; doubles per retry, with full jitter.")
-    backoff_max_s: float = Field(default=20.0, gt=0)
+    backoff_max_s: float = Field(default=20.0, gt=0, description="Longest pause between retries (a server's "
+                                                               "Retry-After is capped by it).")
+    retry_budget_s: float = Field(default=120.0, gt=0, description="Longest time one request may spend retrying.")
     max_reasks: int = Field(default=2, ge=0, description="Re-asks when the answer breaks the step's JSON Schema.")
-    concurrency_initial: int = Field(default=16, ge=1)
-    concurrency_max: int = Field(default=128, ge=1)
-    temperature: float = Field(default=0.7, ge=0)
-    max_tokens: int = Field(default=2048, ge=1)
-    seed: int = Field(default=0)
-    cache: bool = Field(default=True, description="Cache every response in the warehouse.")
+    structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
+        default="auto", description="How a JSON answer is asked for: auto negotiates json_schema, then json_object "
+                                    "with the schema in the prompt, then the schema in the prompt only.")
+    concurrency_initial: int = Field(default=16, ge=1, description="Requests in flight at the start (AIMD slow start).")
+    concurrency_max: int = Field(default=128, ge=1, description="Most requests in flight to the endpoint.")
+    temperature: float = Field(default=0.7, ge=0, description="Sampling temperature where a step does not set one.")
+    max_tokens: int = Field(default=2048, ge=1, description="Cap on the tokens of one answer (steps ask for less).")
+    seed: int = Field(default=0, description="Seed sent with every request where a step does not set one.")
+    cache: bool = Field(default=True, description="Cache every response in the warehouse: a re-run makes no calls.")
 
 
 class SandboxConfig(_Section):
     backend: Literal["auto", "docker", "process"] = Field(default="auto", description="auto: docker if an engine answers.")
     image: str = Field(default="arenaforge-sandbox", description="Base image name (tag is the recipe hash).")
     pool_size: int = Field(default=4, ge=1, description="Warm worker containers.")
-    max_concurrency: int = Field(default=256, ge=1)
-    call_timeout_s: float = Field(default=5.0, gt=0)
-    session_timeout_s: float = Field(default=600.0, gt=0)
-    memory_mb: int = Field(default=512, ge=32)
-    pids: int = Field(default=64, ge=8)
-    cpus: float = Field(default=1.0, gt=0)
+    max_concurrency: int = Field(default=256, ge=1, description="Tool calls in flight at once across the pool.")
+    call_timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one tool call.")
+    session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session (an episode).")
+    memory_mb: int = Field(default=512, ge=32, description="Memory one session may use.")
+    pids: int = Field(default=64, ge=8, description="Processes one session may run.")
+    cpus: float = Field(default=1.0, gt=0, description="CPUs one worker container may use.")
     output_limit_bytes: int = Field(default=65536, ge=256, description="Output kept per call; the rest is cut with a marker.")
     session_cpu_s: int = Field(default=60, ge=1, description="CPU seconds one session's process may use in total.")
     open_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit for loading an environment's code.")
@@ -79,7 +90,7 @@ class SandboxConfig(_Section):
 class PrefectConfig(_Section):
     api_url: str | None = Field(default=None, description="Connect to this Prefect API instead of starting one.")
     database_url: str | None = Field(default=None, description="Postgres URL for the server (SQLite when unset).")
-    port: int = Field(default=4200, ge=1, le=65535)
+    port: int = Field(default=4200, ge=1, le=65535, description="Port of the Prefect server `arenaforge serve` starts.")
     work_pool: str = Field(default="arenaforge", description="Process work pool name.")
     home: str = Field(default="./.arenaforge/prefect", description="PREFECT_HOME of the server `arenaforge serve` starts.")
     worker_limit: int = Field(default=4, ge=1, description="Flow runs the worker executes at once.")
@@ -101,7 +112,7 @@ class SftConfig(_Section):
     mcp_call_timeout_s: float = Field(default=10.0, gt=0, description="Deadline of one live MCP tool call.")
     use_embeddings: bool = Field(default=True, description="Graph: also match outputs to parameters by MiniLM similarity.")
     embedding_threshold: float = Field(default=0.65, ge=0, le=1, description="Cosine similarity that counts as a match.")
-    chain_min_len: int = Field(default=1, ge=1)
+    chain_min_len: int = Field(default=1, ge=1, description="Walks have at least this many tools.")
     chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
     chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
     verify_votes: int = Field(default=3, ge=1, description="openai: judges voting on each chain (majority wins).")
@@ -109,9 +120,9 @@ class SftConfig(_Section):
         default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
     )
     server_only_per_server: int = Field(default=1, ge=0, description="Server-only tasks per server and run.")
-    min_clarity: float = Field(default=0.6, ge=0, le=1)
-    min_realism: float = Field(default=0.5, ge=0, le=1)
-    min_tool_necessity: float = Field(default=0.5, ge=0, le=1)
+    min_clarity: float = Field(default=0.6, ge=0, le=1, description="Clarity score a task needs to be kept.")
+    min_realism: float = Field(default=0.5, ge=0, le=1, description="Realism score a task needs to be kept.")
+    min_tool_necessity: float = Field(default=0.5, ge=0, le=1, description="Tool-necessity score a task needs to be kept.")
     fault_rate: float = Field(default=0.2, ge=0, le=1, description="Simulator fault-injection rate (paper: 20%).")
     max_turns: int = Field(default=12, ge=1, description="Agent turns per trajectory.")
     max_retries_per_call: int = Field(default=2, ge=0, description="Offline agent: retries after a failed call.")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from arenaforge.schemas.base import Frozen, Provenance, Record
+from arenaforge.schemas.errors import ArenaforgeError, FailureKind
+from arenaforge.schemas.reasons import RejectReason
 
 JsonSchema = dict[str, Any]
 
@@ -65,6 +67,7 @@ class Tool(Record):
     KIND = "tool"
     ID_PREFIX = "tool"
     TABLE = "tools"
+    ID_EXCLUDE = frozenset({"source_ref"})  # an absolute path: the same document from two checkouts is one tool
 
     server: str = Field(description="Name of the server (service) the tool belongs to.")
     function: FunctionDoc
@@ -171,13 +174,46 @@ class JudgeScore(Record):
 
 
 # --------------------------------------------------------------------------- RL track
+class Evidence(Frozen):
+    """How a sub-answer follows from the knowledge source. A model may propose it; only the source decides.
+
+    lookup   the `column` of the `table` row whose `key` column holds `value`
+    count    how many rows of `table` have `value` in `key`
+    sum      the total of `column` over the rows of `table` with `value` in `key` (rounded to 2 places)
+    span     `text`, found verbatim in passage `passage` of a text source (its `passages` table)
+    compare  a reasoning step: of the sub-QAs `of`, the `labels` entry of the one whose answer is largest
+             (op max) or smallest (op min)
+    """
+
+    kind: Literal["lookup", "count", "sum", "span", "compare"]
+    table: str | None = Field(default=None, description="lookup/count/sum: the table.")
+    key: str | None = Field(default=None, description="lookup/count/sum: the column the question names a value of.")
+    value: Any = Field(default=None, description="lookup/count/sum: that value.")
+    column: str | None = Field(default=None, description="lookup: the column answered; sum: the column totalled.")
+    text: str | None = Field(default=None, description="span: the exact words of the source that state the answer.")
+    passage: str | None = Field(default=None, description="span: id of the passage holding `text`.")
+    of: list[int] = Field(default_factory=list, description="compare: indices of the sub-QAs compared.")
+    labels: list[str] = Field(default_factory=list, description="compare: the name each compared sub-QA stands for.")
+    op: Literal["max", "min"] | None = Field(default=None, description="compare: which one wins.")
+
+    def summary(self) -> str:
+        """One line for people: `lookup customers.city by customer_id = CU107`."""
+        if self.kind == "span":
+            return f"span of passage {self.passage}: {self.text!r}"
+        if self.kind == "compare":
+            return f"{self.op} of sub-QAs {self.of} ({', '.join(self.labels)})"
+        what = self.table if self.kind == "count" else f"{self.table}.{self.column}"
+        return f"{self.kind} {what} by {self.key} = {self.value}"
+
+
 class SubQA(Frozen):
     index: int = Field(ge=1, description="1-based index; 0 is reserved for the main question.")
     question: str
     answer: str
     depends_on: list[int] = Field(default_factory=list, description="Indices of sub-QAs whose answers this one needs.")
     needs_tool: bool = True
-    evidence: str | None = Field(default=None, description="How the answer was derived (e.g. the SQL over the source).")
+    evidence: Evidence | None = Field(default=None, description="How the answer follows from the knowledge source "
+                                                                "(every tool-needing sub-QA has it, checked on the source).")
 
 
 class QAInstance(Record):
@@ -322,6 +358,8 @@ class Run(Record):
     finished_at: str | None = None
     counts: dict[str, int] = Field(default_factory=dict)
     error: str | None = None
+    host: str | None = Field(default=None, description="Machine whose process runs it (to tell a crashed run).")
+    pid: int | None = Field(default=None, description="Process that runs it.")
 
     def compute_id(self) -> str:  # status/finish change over a run's life; identity doesn't
         from arenaforge.schemas.ids import content_id
@@ -330,7 +368,7 @@ class Run(Record):
 
 
 class Rejection(Record):
-    """A record a stage refused, kept with its reason (never silently dropped)."""
+    """A record a stage refused, or could not produce, kept with its reason (never silently dropped)."""
 
     KIND = "rejection"
     ID_PREFIX = "rej"
@@ -338,10 +376,32 @@ class Rejection(Record):
 
     stage: str = Field(description="Stage that rejected it, e.g. ingest, verify_qa, sandbox_verify.")
     subject: str = Field(description="Id or name of the rejected thing.")
-    reason: str = Field(description="Short machine-readable reason code.")
-    detail: str = Field(default="", description="Human-readable explanation.")
+    reason: RejectReason = Field(description="Machine-readable reason code (schemas/reasons.py).")
+    detail: str = Field(default="", description="Human-readable explanation, with the full error text.")
     payload: Any = Field(default=None, description="The rejected content, as JSON.")
-    environment_failure: bool = Field(default=False, description="True when the environment, not the data, failed.")
+    kind: FailureKind = Field(
+        default=FailureKind.QUALITY,
+        description="quality_rejection: the record's own data failed a check; invalid_output: the model never "
+                    "answered within the step's contract; provider_* / infrastructure: what it depended on failed.")
+    environment_failure: bool = Field(
+        default=False, description="True when what the record depended on (model endpoint, sandbox, MCP server) failed, "
+                                   "not the record: such failures are excluded from quality figures and rewards.")
+
+    @model_validator(mode="after")
+    def _kind_and_flag_agree(self) -> "Rejection":
+        # rows written before `kind` existed carry only the flag: an environment failure of unknown kind
+        if self.environment_failure and not self.kind.environment_failure:
+            object.__setattr__(self, "kind", FailureKind.INFRASTRUCTURE)
+        object.__setattr__(self, "environment_failure", self.kind.environment_failure)
+        return self
+
+    @classmethod
+    def of_error(cls, stage: str, subject: str, err: ArenaforgeError, **fields: Any) -> "Rejection":
+        """The row a typed failure becomes: its kind, the reason code for that kind, its whole message."""
+        reason = {FailureKind.INVALID_OUTPUT: RejectReason.INVALID_MODEL_OUTPUT,
+                  FailureKind.INFRASTRUCTURE: RejectReason.SANDBOX_FAILURE}.get(err.kind, RejectReason.PROVIDER_ERROR)
+        return cls(stage=stage, subject=subject, reason=fields.pop("reason", reason), detail=str(err),
+                   kind=err.kind, **fields)
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (
@@ -361,6 +421,7 @@ RECORD_TYPES: tuple[type[Record], ...] = (
 __all__ = [
     "ChatMessage",
     "Environment",
+    "Evidence",
     "FunctionCall",
     "FunctionDoc",
     "GoldCall",

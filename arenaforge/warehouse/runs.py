@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -16,9 +18,32 @@ def _now() -> str:
 
 
 def start_run(wh: Warehouse, flow: str, params: dict[str, Any]) -> Run:
-    run = Run(flow=flow, params=params, started_at=_now())
+    mark_crashed(wh)
+    run = Run(flow=flow, params=params, started_at=_now(), host=socket.gethostname(), pid=os.getpid())
     wh.upsert([run], replace=True)
     return run
+
+
+def mark_crashed(wh: Warehouse) -> list[Run]:
+    """Runs still `running` whose process on this machine is gone (killed, crashed) become `crashed`."""
+    host = socket.gethostname()
+    stale = [r for r in wh.load(Run, where="record->>'status' = 'running' AND record->>'host' = ?", params=[host])
+             if r.pid is not None and not _alive(r.pid)]
+    done = [r.model_copy(update={"status": "crashed", "finished_at": _now(),
+                                 "error": f"the process running it (pid {r.pid} on {host}) is gone"}) for r in stale]
+    if done:
+        wh.upsert(done, replace=True)
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
 
 
 def finish_run(wh: Warehouse, run: Run, status: str, counts: dict[str, int], error: str | None = None) -> Run:

@@ -31,7 +31,7 @@ class ProbeParams(BaseModel):
 def write_batch(db: str, tag: str, start: int, stop: int, run_id: str) -> int:
     wh = Warehouse(db)
     rows = [
-        Rejection(stage="probe", subject=f"{tag}-{i}", reason="probe", detail=str(i), run_id=run_id)
+        Rejection(stage="probe", subject=f"{tag}-{i}", reason="malformed_json", detail=str(i), run_id=run_id)
         for i in range(start, stop)
     ]
     return wh.upsert(rows)
@@ -50,7 +50,7 @@ def _tick_until_done(wh: Warehouse, params: ProbeParams, run_id: str, since: str
             return new
         if time.monotonic() > deadline:
             raise TimeoutError(f"no completed {params.wait_for_flow} run within {params.wait_timeout_s}s")
-        new += wh.upsert([Rejection(stage="probe", subject=f"{params.tag}-tick-{tick}", reason="tick", run_id=run_id)])
+        new += wh.upsert([Rejection(stage="tick", subject=f"{params.tag}-tick-{tick}", reason="malformed_json", run_id=run_id)])
         tick += 1
         time.sleep(1.0)
 

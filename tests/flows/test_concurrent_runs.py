@@ -30,9 +30,9 @@ WRITER = textwrap.dedent(
         time.sleep(0.01)
     new = 0
     for batch in range(20):
-        rows = [Rejection(stage="concurrency", subject=f"{who}-{batch}-{i}", reason="own") for i in range(5)]
+        rows = [Rejection(stage="own", subject=f"{who}-{batch}-{i}", reason="malformed_json") for i in range(5)]
         # the same 5 shared rows are written by both processes: they must land once
-        rows += [Rejection(stage="concurrency", subject=f"shared-{batch}-{i}", reason="shared") for i in range(5)]
+        rows += [Rejection(stage="shared", subject=f"shared-{batch}-{i}", reason="malformed_json") for i in range(5)]
         new += wh.upsert(rows)
     print(new)
     """
@@ -51,7 +51,7 @@ def test_two_processes_upsert_concurrently(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 0]
     new = sum(int(o.strip()) for o in outs)
     wh = Warehouse(db)
-    _, rows = wh.query("SELECT record->>'reason', count(*), count(DISTINCT record->>'subject') FROM rejections GROUP BY 1 ORDER BY 1")
+    _, rows = wh.query("SELECT record->>'stage', count(*), count(DISTINCT record->>'subject') FROM rejections GROUP BY 1 ORDER BY 1")
     assert rows == [("own", 200, 200), ("shared", 100, 100)]
     assert new == 300  # every row counted as new exactly once across both writers
 
@@ -90,7 +90,7 @@ def test_synthesis_and_training_runs_at_once(served: Any, tmp_path: Path) -> Non
     assert all(s.is_completed() for s in states.values()), states
 
     _, rows = served.warehouse.query(
-        "SELECT count(*), count(DISTINCT record->>'subject'), count(*) FILTER (WHERE record->>'reason' = 'tick') "
+        "SELECT count(*), count(DISTINCT record->>'subject'), count(*) FILTER (WHERE record->>'stage' = 'tick') "
         "FROM rejections WHERE record->>'subject' LIKE 'synth-%'"
     )
     total, distinct, ticks = rows[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,9 +16,9 @@ from typer.testing import CliRunner
 from arenaforge.flows.cli import app
 from arenaforge.schemas.kinds_envs import DistractorSet, EnvMerge, QAVerification
 from arenaforge.schemas.models import Environment, QAInstance, Rejection
+from arenaforge.warehouse import Warehouse
 from tests.support.envs_fakes import EnvsResponder
 from tests.support.requirements import SHARED_DATA
-from arenaforge.warehouse import Warehouse
 
 pytestmark = pytest.mark.prefect_server
 
@@ -80,7 +81,7 @@ def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) 
         overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": scripted_openai.url,
                    "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
                    "sandbox.backend": "process"})
-    counts = envs(params)
+    counts = asyncio.run(envs(params))
     wh = Warehouse(db)
     envs_out = wh.load(Environment)
     assert counts["environments"] == len(envs_out) == 4  # the flow carried on past the bad answer
@@ -88,7 +89,7 @@ def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) 
     assert len(bad) == 1 and bad[0].stage == "decompose_qa" and bad[0].run_id
     assert all(e.verification.passed for e in envs_out)
     steps = {r["response_format"]["json_schema"]["name"] for r in scripted_openai.chat_requests()}
-    assert {"envs.decompose", "envs.verify_qa", "envs.tool_doc", "envs.augment_tool", "envs.implement_tool"} <= steps
+    assert {"envs_decompose", "envs_verify_qa", "envs_tool_doc", "envs_augment_tool", "envs_implement_tool"} <= steps
     assert all(v.verifier == "model" for v in wh.load(QAVerification))
     _, usage = wh.query("SELECT count(*) FROM llm_calls")
     assert usage[0][0] >= 4 * 4

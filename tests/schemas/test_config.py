@@ -39,7 +39,7 @@ def test_openai_api_key_fallback(tmp_path, monkeypatch):
     "text, message",
     [
         ("[model\nbackend = 1", "malformed TOML"),
-        ('[model]\nbackend = "gpt"', "model.backend"),
+        ('[model]\nbackend = 7', "model.backend"),
         ("[model]\nunknown_key = 1", "model.unknown_key"),
         ("[sandbox]\npool_size = -1", "sandbox.pool_size"),
     ],
@@ -52,6 +52,38 @@ def test_malformed_config_is_one_clear_line(tmp_path, monkeypatch, text, message
     assert "\n" not in str(info.value)
 
 
+def test_unknown_model_backend_is_one_clear_line_when_the_model_is_built():
+    import asyncio
+
+    from arenaforge.schemas.config import ModelConfig
+    from arenaforge.tasks.models import open_chat_model
+
+    async def build():
+        async with open_chat_model(ModelConfig(backend="gpt")):
+            pass
+
+    with pytest.raises(ConfigError, match="unknown model backend 'gpt'; known: offline, openai") as info:
+        asyncio.run(build())
+    assert "\n" not in str(info.value)
+
+
 def test_missing_explicit_config_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "nope.toml", environ={})
+
+
+def test_every_config_field_is_described():
+    """The descriptions are the documentation of arenaforge.toml and the help of the Prefect forms."""
+    from arenaforge.schemas.config import Config
+
+    missing = []
+
+    def walk(model, prefix=""):
+        for name, f in model.model_fields.items():
+            if hasattr(f.annotation, "model_fields"):
+                walk(f.annotation, f"{prefix}{name}.")
+            elif not f.description:
+                missing.append(prefix + name)
+
+    walk(Config)
+    assert missing == []

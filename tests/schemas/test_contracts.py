@@ -49,10 +49,10 @@ def test_valid_records_pass_their_contract_and_round_trip(name, desc, server):
 @settings(max_examples=60, deadline=None)
 @given(payload=json_values, run_a=st.text(max_size=5), run_b=st.text(max_size=5))
 def test_content_id_ignores_run_and_depends_on_content(payload, run_a, run_b):
-    a = Rejection(stage="s", subject="x", reason="r", payload=payload, run_id=run_a)
-    b = Rejection(stage="s", subject="x", reason="r", payload=payload, run_id=run_b)
+    a = Rejection(stage="s", subject="x", reason="malformed_json", payload=payload, run_id=run_a)
+    b = Rejection(stage="s", subject="x", reason="malformed_json", payload=payload, run_id=run_b)
     assert a.id == b.id
-    c = Rejection(stage="s", subject="x", reason="r2", payload=payload)
+    c = Rejection(stage="s", subject="x", reason="invalid_schema", payload=payload)
     assert c.id != a.id
 
 

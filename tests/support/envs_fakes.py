@@ -1,22 +1,16 @@
-"""Test doubles for the RL environment track: a cheap embedder and a scripted "model" for every envs prompt.
-
-`EnvsResponder` answers the scripted OpenAI server per step (read from the request's
-response_format name): it writes QA decompositions grounded in the sample source (answers
-computed by SQL, like a careful model would), judges, tool docs, implementations and merge
-groups. `bad_code` switches the implementation to code that loops forever or leaks the answer.
-"""
+"""Test helpers for the RL environment track: a cheap embedder, configs, and the scripted envs "model"
+(`EnvsResponder`, which lives in the package so that `arenaforge bench envs` can use it)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from typing import Any
 
 import numpy as np
 
 from arenaforge.schemas.config import ModelConfig, SandboxConfig
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder  # noqa: F401  (re-exported for tests)
 
 
 def fake_embed(texts: list[str]) -> np.ndarray:
@@ -40,115 +34,3 @@ def model_cfg(url: str, **kw: Any) -> ModelConfig:
                                 backoff_max_s=0.02, max_reasks=1, cache=False)
     base.update(kw)
     return ModelConfig(**base)
-
-
-def _step(req: dict[str, Any]) -> str:
-    return ((req.get("response_format") or {}).get("json_schema") or {}).get("name", "")
-
-
-def _prompt(req: dict[str, Any]) -> str:
-    return req["messages"][0]["content"]
-
-
-class EnvsResponder:
-    """Per-step JSON answers for the envs prompts (see module docstring)."""
-
-    def __init__(self, bad_code: str | None = None, not_json_steps: tuple[str, ...] = (),
-                 not_json_variants: tuple[int, ...] = ()) -> None:
-        from arenaforge.tasks.envs.knowledge import load_sample
-
-        src = load_sample()
-        self.customers = {r[0]: dict(zip(("city", "tier", "country", "last_name"), r[1:], strict=True))
-                          for r in src.query("SELECT customer_id, city, tier, country, last_name FROM customers")}
-        self.orders = src.query("SELECT order_id, customer_id FROM orders ORDER BY 1")
-        src.close()
-        self.bad_code = bad_code
-        self.not_json_steps = not_json_steps
-        self.not_json_variants = not_json_variants  # decomposition variants answered in prose
-
-    def __call__(self, req: dict[str, Any]) -> Reply:
-        step = _step(req)
-        variant = re.search(r"Variant number[^:]*: (\d+)", _prompt(req))
-        broken = step == "envs.decompose" and variant is not None and int(variant.group(1)) in self.not_json_variants
-        if broken or any(step.startswith(s) for s in self.not_json_steps):
-            return Reply(body=chat_completion(content="Sure! Here is what you asked for, in prose."))
-        handler = {"envs.decompose": self.decompose, "envs.verify_qa": self.verify, "envs.tool_doc": self.tool_doc,
-                   "envs.augment_tool": self.augment, "envs.implement_tool": self.implement,
-                   "envs.merge_cluster": self.merge}.get(step)
-        body = handler(_prompt(req)) if handler else {"error": f"unknown step {step}"}
-        return Reply(body=chat_completion(content=json.dumps(body)))
-
-    ATTRS = ("city", "tier", "country", "last_name")
-
-    def decompose(self, prompt: str) -> dict[str, Any]:
-        k = int(re.search(r"Variant number[^:]*: (\d+)", prompt).group(1))  # type: ignore[union-attr]
-        attr = self.ATTRS[(k // 2) % len(self.ATTRS)]
-        label = attr.replace("_", " ")
-        if k % 2 == 0:
-            order_id, customer_id = self.orders[(k // 8) % len(self.orders)]
-            value = self.customers[customer_id][attr]
-            return {"main_question": f"What is the {label} of the customer who placed order {order_id}?",
-                    "main_answer": value,
-                    "sub_qas": [
-                        {"index": 1, "question": f"Which customer placed order {order_id}?", "answer": customer_id,
-                         "depends_on": [], "needs_tool": True,
-                         "evidence_sql": f"SELECT customer_id FROM orders WHERE order_id = '{order_id}'"},
-                        {"index": 2, "question": f"What is the {label} of customer {customer_id}?", "answer": value,
-                         "depends_on": [1], "needs_tool": True,
-                         "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{customer_id}'"}]}
-        cid = sorted(self.customers)[(k // 8) % len(self.customers)]
-        value = self.customers[cid][attr]
-        return {"main_question": f"Which {label} is on file for customer {cid}?", "main_answer": value,
-                "sub_qas": [{"index": 1, "question": f"What is the {label} of customer {cid}?", "answer": value,
-                             "depends_on": [], "needs_tool": True,
-                             "evidence_sql": f"SELECT {attr} FROM customers WHERE customer_id = '{cid}'"}]}
-
-    def verify(self, prompt: str) -> dict[str, Any]:
-        qa = json.loads(prompt.split("Task:\n", 1)[1].split("\n\nChecks:", 1)[0])
-        return {"dependency_consistency": 1, "sub_question_atomicity": 1, "sequential_rationality": 1,
-                "task_completeness": 1, "tool_necessity": [{"index": s["index"], "needs_tool": s["needs_tool"]}
-                                                           for s in qa["sub_qas"]], "reasons": []}
-
-    @classmethod
-    def _kind(cls, question: str) -> str:
-        if "placed order" in question:
-            return "order_customer"
-        return "customer_" + next(a for a in cls.ATTRS if a.replace("_", " ") in question)
-
-    def tool_doc(self, prompt: str) -> dict[str, Any]:
-        question = re.search(r"Sub-question: (.*)", prompt).group(1)  # type: ignore[union-attr]
-        kind = self._kind(question)
-        key = "order_id" if kind == "order_customer" else "customer_id"
-        return {"name": f"lookup_{kind}", "description": f"Look up the {kind.replace('_', ' ')} by {key}.",
-                "parameters": {"type": "object", "properties": {key: {"type": "string", "description": key}},
-                               "required": [key]}}
-
-    def augment(self, prompt: str) -> dict[str, Any]:
-        doc = json.loads(prompt.split("Tool document:\n", 1)[1].split("\n\nAnswer", 1)[0])
-        doc["parameters"]["properties"]["verbose"] = {"type": "boolean", "description": "Return the whole record."}
-        return doc
-
-    def implement(self, prompt: str) -> dict[str, Any]:
-        doc = json.loads(prompt.split("Tool document:\n", 1)[1].split("\n\nSub-question", 1)[0])
-        name = doc["name"]
-        key = next(p for p in doc["parameters"]["required"])
-        question = re.search(r"Sub-question it must answer: (.*)", prompt).group(1)  # type: ignore[union-attr]
-        answer = re.search(r"Gold answer the call must return: (.*)", prompt).group(1)  # type: ignore[union-attr]
-        key_value = re.findall(r"\b([A-Z]{2}\d{3,4})\b", question)[-1]
-        if self.bad_code == "loop":
-            code = f"def {name}({key}, verbose=False):\n    while True:\n        pass\n"
-        elif self.bad_code == "leak":
-            code = f"def {name}({key}, verbose=False):\n    return {answer!r}\n"
-        else:
-            code = (f"def {name}({key}, verbose=False):\n    row = DATA[{name!r}].get({key})\n    if row is None:\n"
-                    f"        raise ValueError('unknown ' + str({key}))\n    return row if verbose else {{'value': row['value']}}\n")
-        others = {f"ZZ{900 + i}": {"value": f"other-{i}"} for i in range(3)}
-        return {"code": code, "mock_data": {key_value: {"value": answer}, **others},
-                "call": {"arguments": {key: key_value}}}
-
-    def merge(self, prompt: str) -> dict[str, Any]:
-        names = re.findall(r'"tool": "([^"]+)"', prompt)
-        groups: dict[str, list[str]] = {}
-        for n in names:
-            groups.setdefault(n.split("@")[0], []).append(n)
-        return {"groups": [{"tools": g, "operation": base} for base, g in groups.items() if len(g) > 1]}

@@ -11,8 +11,8 @@ import random
 import re
 from typing import Any
 
-from arenaforge.tasks.sft.tool_simulator import sample_value
 from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
+from arenaforge.tasks.sft.tool_simulator import sample_value
 
 _TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
 
@@ -40,7 +40,7 @@ class SftResponder:
         if req.get("tools"):
             return self._agent(req)
         fmt = req.get("response_format") or {}
-        step = fmt.get("json_schema", {}).get("name", "")
+        step = fmt.get("json_schema", {}).get("name", "").removeprefix("sft_")
         schema = fmt.get("json_schema", {}).get("schema", {})
         prompt = req["messages"][0]["content"]
         names = _TOOL_LINE.findall(prompt)

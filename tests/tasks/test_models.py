@@ -9,10 +9,18 @@ import socket
 import pytest
 
 from arenaforge.schemas.config import ModelConfig
-from arenaforge.schemas.errors import ParseError, ProviderError
-from arenaforge.tasks.models import ChatRequest, chat_model, complete_json
-from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from arenaforge.schemas.errors import (
+    FailureKind,
+    ParseError,
+    ProviderError,
+    ProviderOverloaded,
+    ProviderRefused,
+    ProviderUnreachable,
+)
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.tasks.models import ChatRequest, complete_json
+from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from tests.support.models import http_model as chat_model
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
@@ -60,8 +68,8 @@ def test_structured_output_gives_up_with_parse_error(scripted_openai):
     assert len(scripted_openai.chat_requests()) == 2
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
-def test_retries_transient_statuses(scripted_openai, status):
+@pytest.mark.parametrize("status", [408, 429, 502, 503, 504])
+def test_retries_statuses_that_can_succeed(scripted_openai, status):
     scripted_openai.script([Reply(status=status), Reply(status=status), chat_completion(content="fine")])
     with chat_model(_cfg(scripted_openai.url)) as model:
         resp = _ask(model)
@@ -69,33 +77,62 @@ def test_retries_transient_statuses(scripted_openai, status):
     assert resp.attempts == 3
 
 
-def test_client_errors_fail_at_once(scripted_openai):
-    scripted_openai.script([Reply(status=400)])
+@pytest.mark.parametrize(("status", "error", "kind"), [
+    (400, ProviderRefused, FailureKind.PROVIDER_BAD_REQUEST),  # this request is refused whatever we do
+    (404, ProviderRefused, FailureKind.PROVIDER_BAD_REQUEST),
+    (500, ProviderError, FailureKind.PROVIDER_FAILED),  # a server error: a retry would get the same
+])
+def test_statuses_that_cannot_succeed_fail_at_once_with_their_kind(scripted_openai, status, error, kind):
+    scripted_openai.responder = lambda req: Reply(status=status)
     with chat_model(_cfg(scripted_openai.url)) as model:
-        with pytest.raises(ProviderError, match="HTTP 400"):
+        with pytest.raises(error) as info:
             _ask(model)
+    assert type(info.value) is error and info.value.kind == kind and f"HTTP {status}" in str(info.value)
     assert len(scripted_openai.chat_requests()) == 1
 
 
-def test_retries_exhausted_is_one_line_provider_error(scripted_openai):
-    scripted_openai.responder = lambda req: Reply(status=500)
+def test_overload_that_persists_is_provider_overloaded_in_one_line(scripted_openai):
+    scripted_openai.responder = lambda req: Reply(status=429)
     with chat_model(_cfg(scripted_openai.url, max_retries=2)) as model:
-        with pytest.raises(ProviderError) as info:
+        with pytest.raises(ProviderOverloaded) as info:
             _ask(model)
-    assert "failed 3 times" in str(info.value) and "\n" not in str(info.value)
+    assert "after 3 attempt(s)" in str(info.value) and "\n" not in str(info.value)
+    assert len(scripted_openai.chat_requests()) == 3 and info.value.kind == FailureKind.PROVIDER_OVERLOADED
 
 
-def test_unreachable_endpoint():
+def test_retry_after_is_capped_by_backoff_max(scripted_openai):
+    # a server asking for an hour's pause must not stall the run: the pause is capped by backoff_max_s
+    scripted_openai.script([Reply(status=429, headers={"Retry-After": "3600"}), chat_completion(content="fine")])
+    with chat_model(_cfg(scripted_openai.url, backoff_max_s=0.05, retry_budget_s=30)) as model:
+        resp = _ask(model)
+    assert resp.message.content == "fine" and resp.attempts == 2
+
+
+def test_unreachable_endpoint_is_typed_and_declared_dead():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with chat_model(_cfg(f"http://127.0.0.1:{port}/v1", max_retries=1)) as model:
-        with pytest.raises(ProviderError, match="failed 2 times"):
+    with chat_model(_cfg(f"http://127.0.0.1:{port}/v1", max_retries=1, backoff_max_s=30)) as model:
+        async def two():
+            first = await model.complete(ChatRequest(step="s", messages=[{"role": "user", "content": "a"}]))
+            return first
+        with pytest.raises(ProviderUnreachable, match="failed 2 time") as info:
+            asyncio.run(two())
+        assert info.value.kind == FailureKind.PROVIDER_UNREACHABLE
+        # the endpoint is now taken for dead: the next request fails at once instead of spending its own budget
+        with pytest.raises(ProviderUnreachable, match="is unreachable"):
             _ask(model)
 
 
-def test_invalid_json_body_is_a_clear_error(scripted_openai):
-    scripted_openai.responder = lambda req: Reply(body="{this is not json")
+def test_truncated_body_is_retried(scripted_openai):
+    scripted_openai.script([Reply(body='{"id": "chatcmpl-1", "choices": [{"mess'), chat_completion(content="whole")])
+    with chat_model(_cfg(scripted_openai.url)) as model:
+        resp = _ask(model)
+    assert resp.message.content == "whole" and resp.attempts == 2
+
+
+def test_json_that_is_not_a_chat_completion_is_a_parse_error(scripted_openai):
+    scripted_openai.responder = lambda req: Reply(body={"unexpected": True})
     with chat_model(_cfg(scripted_openai.url, max_retries=0)) as model:
         with pytest.raises(ParseError, match="not a chat completion") as info:
             _ask(model)
@@ -119,8 +156,8 @@ def test_cache_makes_rerun_free_and_usage_is_recorded(scripted_openai, tmp_wareh
     assert len(scripted_openai.chat_requests()) == 5, "a cached re-run must make no calls"
     assert all(r.cached for r in second) and [r.message.content for r in second] == ["Q0", "Q1", "Q2", "Q3", "Q4"]
     assert tmp_warehouse.count("llm_cache") == 5
-    _, rows = tmp_warehouse.query("SELECT cached, count(*), sum(prompt_tokens) FROM llm_calls GROUP BY 1 ORDER BY 1")
-    assert rows == [(False, 5, 50), (True, 5, 50)]
+    _, rows = tmp_warehouse.query("SELECT cost_class, count(*), sum(prompt_tokens) FROM llm_calls GROUP BY 1 ORDER BY 1")
+    assert rows == [("cached", 5, 0), ("sent", 5, 50)], "a cache hit spends no tokens"
 
 
 def test_cache_key_covers_model_params_messages_schema():
@@ -177,10 +214,12 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
 
 
 def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
-    """Keys written before the orjson fast path stay valid: same bytes as arenaforge.schemas.ids.canonical_json."""
+    """Keys written before the orjson fast path (and before `tool_choice` existed) stay valid: same bytes as
+    arenaforge.schemas.ids.canonical_json of the request's fields of that time."""
     from arenaforge.schemas.ids import canonical_json, sha256_hex
 
     req = ChatRequest(step="s", messages=[{"role": "user", "content": "Ünïcode, quotes \" and 1.5"}],
                       response_schema=SCHEMA, temperature=0.7, seed=3, max_tokens=128)
-    expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step"})}))
+    expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step", "tool_choice"})}))
     assert req.cache_key("m") == expected
+    assert req.model_copy(update={"tool_choice": "none"}).cache_key("m") != expected

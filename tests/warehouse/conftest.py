@@ -67,8 +67,8 @@ WRITER = textwrap.dedent(
         time.sleep(0.01)
     new = 0
     for batch in range(20):
-        rows = [Rejection(stage="concurrency", subject=f"{who}-{batch}-{i}", reason="own") for i in range(5)]
-        rows += [Rejection(stage="concurrency", subject=f"shared-{batch}-{i}", reason="shared") for i in range(5)]
+        rows = [Rejection(stage="own", subject=f"{who}-{batch}-{i}", reason="malformed_json") for i in range(5)]
+        rows += [Rejection(stage="shared", subject=f"shared-{batch}-{i}", reason="malformed_json") for i in range(5)]
         new += wh.upsert(rows)
     print(new, flush=True)
     """

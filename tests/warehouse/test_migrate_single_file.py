@@ -31,7 +31,7 @@ MAKE_OLD = textwrap.dedent(
     with recorded_run(wh, "ingest", {"path": "tools.json"}) as (run, counts):
         tools = [Tool(server="srv", function=FunctionDoc(name=f"t{i}", description="d"), source="openai", run_id=run.id)
                  for i in range(7)]
-        counts["tools"] = wh.upsert([*tools, Rejection(stage="ingest", subject="bad", reason="no_name", run_id=run.id)])
+        counts["tools"] = wh.upsert([*tools, Rejection(stage="ingest", subject="bad", reason="invalid_name", run_id=run.id)])
     with wh.transaction() as con:
         con.execute("INSERT INTO llm_cache (key, model, request, response) VALUES ('k', 'm', '{}', '{\\"a\\": 1}')")
     """

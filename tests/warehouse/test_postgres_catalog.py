@@ -29,7 +29,7 @@ def test_two_writers_on_a_postgres_catalog_lose_and_duplicate_nothing(postgres_c
     wh = Warehouse(location, data_path=data)
     assert wh.layout == "ducklake" and len(wh.migrate()) == len(wh.applied_migrations()) > 0
     news = run_writers(location, data, ["a", "b"], tmp_path / "go")
-    _, rows = wh.query("SELECT record->>'reason', count(*), count(DISTINCT record->>'subject') FROM rejections "
+    _, rows = wh.query("SELECT record->>'stage', count(*), count(DISTINCT record->>'subject') FROM rejections "
                        "GROUP BY 1 ORDER BY 1")
     assert rows == [("own", 200, 200), ("shared", 100, 100)]
     assert sum(news) == 300  # each shared row was new to exactly one writer

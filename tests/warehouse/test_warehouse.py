@@ -87,7 +87,7 @@ def test_lineage_and_run_ids_are_stored(tmp_warehouse):
 
 def test_batch_is_atomic_across_tables(tmp_warehouse):
     good = _tools(3)
-    bad = Rejection(stage="s", subject="x", reason="r")
+    bad = Rejection(stage="s", subject="x", reason="malformed_json")
     object.__setattr__(bad, "reason", 42)  # breaks the contract after construction
     with pytest.raises(Exception):
         tmp_warehouse.upsert([*good, bad])
@@ -244,7 +244,7 @@ def test_writer_processes_on_a_sqlite_catalog_lose_and_duplicate_nothing(tmp_pat
     Warehouse(location).relations()
     news = run_writers(location, "", ["a", "b", "c"], tmp_path / "go")
     _, rows = Warehouse(location).query(
-        "SELECT record->>'reason', count(*), count(DISTINCT record->>'subject') FROM rejections GROUP BY 1 ORDER BY 1")
+        "SELECT record->>'stage', count(*), count(DISTINCT record->>'subject') FROM rejections GROUP BY 1 ORDER BY 1")
     assert rows == [("own", 300, 300), ("shared", 100, 100)]
     assert sum(news) == 400  # every row counted as new exactly once across the writers
 

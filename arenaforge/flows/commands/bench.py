@@ -6,6 +6,7 @@ arguments (with type hints and defaults) become options.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import json
@@ -23,6 +24,8 @@ app = typer.Typer(help="Benchmarks that print numbers as JSON (never timed tests
 def _register(name: str, main: Any) -> None:
     def command(**kwargs: Any) -> None:
         result = main(**kwargs)
+        if inspect.iscoroutine(result):  # async benchmarks run in one event loop, like a flow
+            result = asyncio.run(result)
         typer.echo(json.dumps(result, indent=2, default=str))
 
     # Resolve string annotations (modules use `from __future__ import annotations`) so typer

@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
 
 app = typer.Typer(help="Run the whole pipeline offline on the bundled sample data.", invoke_without_command=True)
@@ -44,10 +44,10 @@ def demo(
     out_dir = Path(out or Path(cfg.out_dir) / "demo")
     common: dict[str, Any] = {"config_path": st.config_path, "overrides": dict(st.overrides)}
     steps: list[tuple[str, Any]] = [
-        ("ingest", lambda: ingest(IngestParams(paths=[_sample("sample_tools")], **common))),
-        ("graph", lambda: graph(GraphParams(**common))),
-        ("sft", lambda: sft(SftParams(export_dir=str(out_dir / "sft"), **common))),
-        ("envs", lambda: envs(EnvsParams(sources=[_sample("sample_source")], n=n, **common))),
+        ("ingest", lambda: run_flow(ingest(IngestParams(paths=[_sample("sample_tools")], **common)))),
+        ("graph", lambda: run_flow(graph(GraphParams(**common)))),
+        ("sft", lambda: run_flow(sft(SftParams(export_dir=str(out_dir / "sft"), **common)))),
+        ("envs", lambda: run_flow(envs(EnvsParams(sources=[_sample("sample_source")], n=n, **common)))),
     ]
 
     if train:

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
 from arenaforge.schemas.errors import InputError
 
@@ -56,7 +56,7 @@ def synth(
             overrides=st.overrides)
     except ValueError as err:
         raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
-    counts = envs(params)
+    counts = run_flow(envs(params))
     typer.echo(json.dumps(counts, indent=2))
 
 
@@ -89,7 +89,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
     if qa is not None:
         console.print(f"[bold]QA graph[/bold] ({qa.structure}, {qa.hop_level} hops): {qa.main_question} -> {qa.main_answer}")
         print_rows(["#", "depends on", "question", "answer", "tool", "evidence"],
-                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence)
+                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence.summary() if s.evidence else "")
                     for s in qa.sub_qas], width=60)
     print_rows(["sub-QA", "call", "gold answer"],
                [(c.sub_qa, f"{c.tool}({json.dumps(c.arguments)})", c.answer) for c in env.calls], title="gold calls", width=70)

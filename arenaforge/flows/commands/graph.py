@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Build and inspect tool-call graphs; sample tool chains.", no_args_is_help=True)
 
@@ -21,7 +21,8 @@ def build(
     from arenaforge.flows.sft_flows import GraphParams, graph
 
     st = state(ctx)
-    counts = graph(GraphParams(servers=list(server or []), config_path=st.config_path, overrides=st.overrides))
+    counts = run_flow(graph(GraphParams(servers=list(server or []), config_path=st.config_path,
+                                        overrides=st.overrides)))
     typer.echo(json.dumps(counts, indent=2))
 
 

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.schemas.errors import InputError
 
 # A group (the CLI mounts sub-apps) whose callback does the work; interspersed args let
@@ -32,6 +32,6 @@ def ingest(
     from arenaforge.flows.sft_flows import ingest as ingest_flow
 
     st = state(ctx)
-    counts = ingest_flow(IngestParams(paths=list(paths or []), mcp=list(mcp or []), config_path=st.config_path,
-                                      overrides=st.overrides))
+    counts = run_flow(ingest_flow(IngestParams(paths=list(paths or []), mcp=list(mcp or []),
+                                               config_path=st.config_path, overrides=st.overrides)))
     typer.echo(json.dumps(counts, indent=2))

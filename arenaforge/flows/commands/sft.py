@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Synthesize tasks and scored multi-turn trajectories (SFT track).", no_args_is_help=True)
 
@@ -23,8 +23,8 @@ def synth(
     from arenaforge.flows.sft_flows import SftParams, sft
 
     st = state(ctx)
-    counts = sft(SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
-                           config_path=st.config_path, overrides=st.overrides))
+    counts = run_flow(sft(SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
+                                    config_path=st.config_path, overrides=st.overrides)))
     typer.echo(json.dumps(counts, indent=2))
 
 
@@ -36,8 +36,8 @@ def export(
     min_score: float = typer.Option(None, help="Stricter keep threshold on the judge mean."),
 ) -> None:
     """Write kept trajectories as OpenAI messages + tools (sft.jsonl, sft.parquet) and sft_stats.json."""
-    from arenaforge.tasks.sft.stages import export as export_stage
+    from arenaforge.tasks.sft.export import export_sft
 
     st = state(ctx)
-    report = export_stage(st.config, st.warehouse(), out, run_id=run_id, min_score=min_score)
+    report = export_sft(st.warehouse(), out or st.config.out_dir, run_id=run_id, min_score=min_score)
     typer.echo(json.dumps(report, indent=2))

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 import threading
 import time
@@ -29,9 +28,10 @@ from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
 from arenaforge.warehouse.db import Warehouse
 
 
-def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, out: dict[str, Any]) -> None:
+async def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, out: dict[str, Any]) -> None:
     from arenaforge.tasks.embeddings import embed
-    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, load_sources, synthesize_qas
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
 
     t = time.perf_counter()
     embed(["warm up"])
@@ -40,16 +40,15 @@ def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, 
         cfg = Config(sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
         spec = EnvsSpec(sources=sources, n=n, shared_data=shared_data, batch_size=100_000)
-        t0 = time.perf_counter()
-        loaded = load_sources(spec)
-        t1 = time.perf_counter()
-        ids, qa_counts = synthesize_qas(cfg, wh, "bench", spec, loaded)
-        t2 = time.perf_counter()
         timings: dict[str, float] = {}
-        counts = build_environments(cfg, wh, "bench", spec, ids, loaded, timings=timings)
-        t3 = time.perf_counter()
-        for source in loaded.values():
-            source.close()
+        async with open_run_scope(cfg, wh, "bench") as run:
+            t0 = time.perf_counter()
+            run.knowledge(spec.sources, spec.shared_data)  # loaded once per run; the stages reuse them
+            t1 = time.perf_counter()
+            ids, qa_counts = await synthesize_qas(run, spec)
+            t2 = time.perf_counter()
+            counts = await build_environments(run, spec, ids, timings=timings)
+            t3 = time.perf_counter()
         stored = wh.count("environments")
     total = t3 - t0
     out["offline"] = {
@@ -63,7 +62,7 @@ def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, 
 # The envs prompts get the scripted model's answers; the bare model-layer reference run (step
 # "bench", see arenaforge/tasks/benchmarks/models.py) gets its one-field answer.
 _ANSWER = """
-from tests.support.envs_fakes import EnvsResponder
+from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder
 envs = EnvsResponder()
 def answer(req):
     if ((req.get("response_format") or {}).get("json_schema") or {}).get("name") == "bench":
@@ -72,39 +71,40 @@ def answer(req):
 """
 
 
-def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
+async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
-    from arenaforge.tasks.models import openai_model
+    from arenaforge.tasks.run_scope import open_run_scope
 
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
 
-    def sample(url: str) -> None:  # the client's slots held: every limiter of this endpoint (one per event loop)
+    def sample(model: Any) -> None:  # the client's slots held: the run's limiter for the endpoint
         while not stop.is_set():
-            held = sum(lim.in_flight for (base, _), lim in list(openai_model._LIMITERS.items()) if base == url)
-            samples.append((time.perf_counter(), held))
+            samples.append((time.perf_counter(), model.limiter.in_flight))
             time.sleep(0.01)  # a tighter loop steals the GIL from the event loop it measures
 
     with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
-        sampler = threading.Thread(target=sample, args=(endpoint.url,), daemon=True)
         model = ModelConfig(backend="openai", base_url=endpoint.url, model="scripted", cache=False,
                             concurrency_initial=limit, concurrency_max=limit, max_retries=2, timeout_s=120)
         cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
         spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
-        reference = asyncio.run(models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb"))
-        sampler.start()
-        try:
-            t0 = time.perf_counter()
-            ids, qa_counts = synthesize_qas(cfg, wh, "bench", spec)
-            t1 = time.perf_counter()
-            timings: dict[str, float] = {}
-            counts = build_environments(cfg, wh, "bench", spec, ids, timings=timings)
-            t2 = time.perf_counter()
-        finally:
-            stop.set()
-            sampler.join(timeout=5)
+        reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
+        timings: dict[str, float] = {}
+        async with open_run_scope(cfg, wh, "bench") as run:
+            sampler = threading.Thread(target=sample, args=(run.model,), daemon=True)
+            run.model.limiter  # bound to this loop before the sampler reads it
+            sampler.start()
+            try:
+                t0 = time.perf_counter()
+                ids, qa_counts = await synthesize_qas(run, spec)
+                t1 = time.perf_counter()
+                counts = await build_environments(run, spec, ids, timings=timings)
+                t2 = time.perf_counter()
+            finally:
+                stop.set()
+                sampler.join(timeout=5)
     tools_start = t1 + timings.get("pool_start_s", 0)
     tools_end = tools_start + timings.get("tools_verified_s", 0)
     qa_requests = endpoint.request_window(t0, t1)
@@ -131,12 +131,12 @@ def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, A
     }
 
 
-def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
+async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9)."""
     out: dict[str, Any] = {}
     if not skip_offline:
-        _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out)
+        await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out)
     if not skip_openai:
-        _openai(openai_n, limit, latency_s, sandbox, out)
+        await _openai(openai_n, limit, latency_s, sandbox, out)
     return out

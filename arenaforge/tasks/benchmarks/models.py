@@ -1,6 +1,6 @@
 """`arenaforge bench models`: how well the openai backend keeps an endpoint's concurrency limit busy.
 
-The scripted OpenAI-compatible server (tests/support/scripted_openai.py, real HTTP) runs in its
+The scripted OpenAI-compatible server (tasks/benchmarks/scripted_openai.py, real HTTP) runs in its
 own process and answers every request after `latency_s`. The client sends `n` structured
 requests through the model-access layer (retries, AIMD limiter, schema validation, usage
 ledger). Reported:
@@ -28,7 +28,7 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 
 async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     from arenaforge.schemas.config import ModelConfig
-    from arenaforge.tasks.models import ChatRequest, chat_model, openai_model
+    from arenaforge.tasks.models import ChatRequest, open_chat_model
     from arenaforge.warehouse import Warehouse
 
     cfg = ModelConfig(backend="openai", base_url=url, model="scripted", cache=False,
@@ -36,13 +36,13 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     samples: list[int] = []
     done = asyncio.Event()
 
-    async def sample() -> None:
+    async def sample(model: Any) -> None:
         while not done.is_set():
-            samples.append(sum(lim.in_flight for (base, _), lim in list(openai_model._LIMITERS.items()) if base == url))
+            samples.append(model.limiter.in_flight)
             await asyncio.sleep(0.01)
 
-    with chat_model(cfg, Warehouse(wh_path)) as model:
-        sampler = asyncio.create_task(sample())
+    async with open_chat_model(cfg, Warehouse(wh_path)) as model:
+        sampler = asyncio.create_task(sample(model))
         cpu0, t0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*[
             model.complete(ChatRequest(step="bench", messages=[{"role": "user", "content": f"city #{i}?"}],
@@ -63,10 +63,10 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     }
 
 
-def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3) -> dict:
+async def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3) -> dict:
     """Mean share of the concurrency limit kept busy at `limit` against a `latency_s` endpoint (goal >= 0.9)."""
     with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
-        result = asyncio.run(_drive(endpoint.url, n, limit, Path(tmp) / "bench.duckdb"))
+        result = await _drive(endpoint.url, n, limit, Path(tmp) / "bench.duckdb")
     window = endpoint.request_window(*result.pop("window"))
     return {"concurrency_limit": limit, "latency_s": latency_s, "ideal_requests_per_s": round(limit / latency_s, 1),
             "endpoint_busy_share": endpoint.busy_share(limit, *window), "endpoint_peak_in_flight": endpoint.peak,

@@ -76,15 +76,13 @@ def generate_corpus(n_tools: int, n_servers: int, seed: int = 0) -> tuple[list[A
     return tools, servers
 
 
-def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, chains_per_server: int = 4,
-         embeddings: bool = False, seed: int = 0) -> dict:
+async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, chains_per_server: int = 4,
+               embeddings: bool = False, seed: int = 0) -> dict:
     """Ingest, graph build, chain sampling and end-to-end trajectories/minute on a generated corpus."""
-    import asyncio
-
-    from arenaforge.schemas.base import Provenance
     from arenaforge.schemas.config import Config, SftConfig, WarehouseConfig
+    from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.tasks.sft import chains, tool_graph
     from arenaforge.tasks.sft import stages as sft_stages
-    from arenaforge.tasks.sft import tool_graph
     from arenaforge.tasks.sft.ingest_tools import finalise
     from arenaforge.warehouse import Warehouse
 
@@ -116,19 +114,20 @@ def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, chains
         by_server: dict[str, list[Any]] = {}
         for t in result.tools:
             by_server.setdefault(t.server, []).append(t)
-        proposer, verifier = tool_graph.graph_backends(cfg, None)
-        t0 = time.perf_counter()
-        edges, _ = asyncio.run(tool_graph.propose_edges(result.servers, by_server, proposer))
-        out["graph_edges_compute_s"] = round(time.perf_counter() - t0, 2)
-        t1 = time.perf_counter()
-        out["edges"] = tool_graph.save_edges(wh, edges)
-        out["graph_edges_write_s"] = round(time.perf_counter() - t1, 2)
-        out["graph_build_s"] = round(time.perf_counter() - t0, 2)
+        async with open_run_scope(cfg, wh, "bench") as run:
+            proposer, verifier = chains.EdgeProposer(cfg.sft, run.model), chains.ChainVerifier(cfg.sft, run.model)
+            t0 = time.perf_counter()
+            edges, _ = await chains.propose_edges(result.servers, by_server, proposer)
+            out["graph_edges_compute_s"] = round(time.perf_counter() - t0, 2)
+            t1 = time.perf_counter()
+            out["edges"] = tool_graph.save_edges(wh, edges)
+            out["graph_edges_write_s"] = round(time.perf_counter() - t1, 2)
+            out["graph_build_s"] = round(time.perf_counter() - t0, 2)
 
-        t0 = time.perf_counter()
-        graphs = tool_graph.load_graphs(wh, result.servers)
-        batch = asyncio.run(tool_graph.sample_chains(result.servers, by_server, graphs, verifier, cfg.sft, seed, "bench",
-                                                     Provenance(backend="offline", seed=seed)))
+            t0 = time.perf_counter()
+            graphs = tool_graph.load_graphs(wh, result.servers)
+            batch = await chains.sample_chains(result.servers, by_server, graphs, verifier, cfg.sft, seed, "bench",
+                                                   run.provenance(seed))
         out["chain_sampling_s"] = round(time.perf_counter() - t0, 2)
         out["chains"] = len(batch.chains)
         out["verified_chains"] = sum(c.verified for c in batch.chains)
@@ -136,16 +135,17 @@ def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, chains
 
         subset = [s.name for s in result.servers[:e2e_servers]]
         t0 = time.perf_counter()
-        chain_ids, _ = sft_stages.sample_chains(cfg, wh, "bench-e2e", subset, seed + 1)
-        t1 = time.perf_counter()
-        task_ids, tc = sft_stages.synthesize_tasks(cfg, wh, "bench-e2e", chain_ids, subset, seed + 1)
-        t2 = time.perf_counter()
-        traj_ids, jc = sft_stages.run_trajectories(cfg, wh, "bench-e2e", task_ids, seed + 1)
-        t3 = time.perf_counter()
-        kept, kc = sft_stages.judge(cfg, wh, "bench-e2e", traj_ids)
-        t4 = time.perf_counter()
-        report = sft_stages.export(cfg, wh, Path(tmp) / "out", run_id="bench-e2e")
-        t5 = time.perf_counter()
+        async with open_run_scope(cfg, wh, "bench-e2e") as run:
+            chain_ids, _ = await sft_stages.sample_chains(run, subset, seed + 1)
+            t1 = time.perf_counter()
+            task_ids, tc = await sft_stages.synthesize_tasks(run, chain_ids, subset, seed + 1)
+            t2 = time.perf_counter()
+            traj_ids, jc = await sft_stages.run_trajectories(run, task_ids, seed + 1)
+            t3 = time.perf_counter()
+            kept, kc = await sft_stages.judge(run, traj_ids)
+            t4 = time.perf_counter()
+            report = await sft_stages.export(run, Path(tmp) / "out")
+            t5 = time.perf_counter()
         total = t5 - t0
         out["e2e"] = {
             "chains": len(chain_ids), "tasks": tc["tasks"], "accepted_tasks": tc["accepted_tasks"],

@@ -86,7 +86,7 @@ def workloads(real: dict[str, list[Any]], writers: int, batches: int, batch_size
                 qa += [_variant(take("qa_instances", i), tag), _variant(take("qa_verifications", i), tag)]
                 env += [_variant(take("environments", i), tag), _variant(take("distractor_sets", i), tag)]
                 if i % 10 == 9:  # about one rejection per ten instances at each stage
-                    qa.append(Rejection(stage="verify_qa", subject=tag, reason="qs_below_threshold", parents=[tag]))
+                    qa.append(Rejection(stage="verify_qa", subject=tag, reason="low_quality_score", parents=[tag]))
                     env.append(Rejection(stage="self_test", subject=tag, reason="self_test_failed", parents=[tag]))
             if real["env_merges"]:  # a merge per batch when the harvest made any
                 env.append(_variant(take("env_merges", b), f"bench:{w}:{b}"))

@@ -1,12 +1,9 @@
 """Sub-environment merging (ASTRA §1b.4): functionally equivalent tools become one tool.
 
-Equivalent = same operation, same argument and return types. Two groupers, picked by
-`GROUPERS[cfg.model.backend]`:
-
-* offline — tools whose generator template and signature are equal (`ToolImpl.signature`,
-  e.g. `lookup:customers.city:by:customer_id:string->object`);
-* openai — a clustering prompt (arenaforge/tasks/prompts/envs_merge_cluster.txt) over the tool docs, whose
-  groups are then kept only where parameter names and types agree.
+Equivalent = same operation, same argument and return types. The run's model clusters the tool
+documents (tasks/prompts/envs_merge_cluster.txt; the offline provider groups equal signatures,
+`ToolImpl.signature`, e.g. `lookup:customers.city:by:customer_id:string->object`), and a group is kept
+only where parameter names and types agree.
 
 Within a group, members are added greedily while their gold answers do not collide (a merged
 tool must not answer one QA's call with another QA's answer). The merged tool keeps the first
@@ -21,32 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from arenaforge.environments.reward import answer_matches
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.kinds_envs import EnvMerge, MergeMember
+from arenaforge.tasks.envs.tool_impl import BuildError, EnvDraft, ToolImpl, merge_data
+from arenaforge.tasks.models import ChatModel, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
-from arenaforge.tasks.envs.synthesize_env import BuildError, EnvDraft, ToolImpl, merge_data
-
-
-class Grouper(Protocol):
-    method: str
-
-    async def groups(self, tools: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolImpl]]]: ...
-
-
-class SignatureGrouper:
-    """Offline: equal generator template + signature."""
-
-    method = "signature"
-
-    async def groups(self, tools: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolImpl]]]:
-        by_sig: dict[str, list[tuple[int, ToolImpl]]] = {}
-        for item in tools:
-            by_sig.setdefault(item[1].signature, []).append(item)
-        return [g for g in by_sig.values() if len({i for i, _ in g}) >= 2]
-
 
 MERGE_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["groups"],
@@ -61,25 +40,22 @@ def _param_types(tool: ToolImpl) -> dict[str, Any]:
     return {k: v.get("type") for k, v in tool.doc.parameters.get("properties", {}).items()}
 
 
-class ModelGrouper:
-    """openai: a clustering prompt; groups whose parameter names/types differ are dropped."""
+class ToolGrouper:
+    """Groups of equivalent tools, from the run's model; groups whose parameter names/types differ are dropped."""
 
-    method = "model"
-
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: ChatModel) -> None:
         self.model = model
+        self.method = "signature" if graded_by(model) == "rules" else "model"
         self.prompt = load_prompt("envs_merge_cluster")
 
     async def groups(self, tools: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolImpl]]]:
-        from arenaforge.tasks.models import complete_json
-
         labelled = {f"{t.name}@{i}": (i, t) for i, t in tools}
         listing = "\n".join(json.dumps({"tool": key, "description": t.doc.description, "parameters": _param_types(t)})
                             for key, (_, t) in labelled.items())
         try:
             answer = await complete_json(self.model, "envs.merge_cluster",
                                          [{"role": "user", "content": self.prompt.render(tools=listing)}], MERGE_SCHEMA,
-                                         temperature=0.0)
+                                         temperature=0.0, inputs=labelled)
         except (ParseError, ProviderError):
             return []  # no merge is always safe: every tool stays verified as it is
         out, used = [], set()
@@ -89,9 +65,6 @@ class ModelGrouper:
                 used.update(k for k in group["tools"])
                 out.append(members)
         return out
-
-
-GROUPERS = {"offline": lambda model: SignatureGrouper(), "openai": ModelGrouper}
 
 
 @dataclass
@@ -142,13 +115,12 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
     DATA entry, so checking the tool alone is checking it in every environment that uses it.
     """
     from arenaforge.environments.runtime import EnvLoadError
-
     from arenaforge.schemas.models import Environment
 
     golds = [(qa_id, c) for qa_id, t in members for c in t.calls]
     args_seen: list[dict[str, Any]] = []
     for _, t in members:
-        for a in [c.arguments for c in t.calls] + t.probes:
+        for a in [c.arguments for c in t.calls] + [p.arguments for p in t.probes]:
             if a not in args_seen:
                 args_seen.append(a)
     env = Environment(name=f"merge-{tool.name}", tools=[tool.doc], code=f"DATA = {{}}\n\n{tool.source}",
@@ -175,7 +147,7 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
     return failures
 
 
-async def merge_environments(grouper: Grouper, pool: Any, drafts: list[EnvDraft], run_id: str | None = None,
+async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDraft], run_id: str | None = None,
                              concurrency: int = 64) -> MergeResult:
     tools = [(i, t) for i, d in enumerate(drafts) for t in d.tools]
     groups = [s for g in await grouper.groups(tools) for s in _partition(g)]

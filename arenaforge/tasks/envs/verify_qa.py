@@ -1,7 +1,7 @@
 """QA verification (ASTRA §1b.2): four 0/1 checks, QS = their mean, a keep rule, structural checks.
 
-The four checks (offline `RuleQAJudge`; openai `ModelQAJudge` asks the model the same four
-questions with arenaforge/tasks/prompts/envs_verify_qa.txt):
+The four checks, asked of the run's model with tasks/prompts/envs_verify_qa.txt (the offline
+provider answers with the programmatic rules of `rule_checks`):
 
   dependency_consistency  every dependency is used: the dependency's answer appears in the
                           dependent sub-question (so it is logically necessary), no sub-QA
@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from arenaforge.environments.reward import answer_matches, normalise
-from arenaforge.schemas.errors import ParseError, ProviderError
+from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.kinds_envs import QAVerification
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.decompose_qa import hop_level, qa_payload
+from arenaforge.tasks.models import ChatModel, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
 
 CHECKS = ("dependency_consistency", "sub_question_atomicity", "sequential_rationality", "task_completeness")
@@ -66,12 +66,6 @@ class Judgement:
     notes: tuple[str, ...] = ()
 
 
-class QAJudge(Protocol):
-    verifier: str
-
-    async def judge(self, qa: QAInstance) -> Judgement: ...
-
-
 def mentions(answer: str, text: str) -> bool:
     """Whether `answer` occurs in `text` as a whole token run (numbers as whole numeric tokens)."""
     try:
@@ -87,58 +81,10 @@ def mentions(answer: str, text: str) -> bool:
     return False
 
 
-_SQL_JOIN = re.compile(r"\b(join|union|intersect|except)\b", re.IGNORECASE)
-
-
-class RuleQAJudge:
-    verifier = "rules"
-
-    async def judge(self, qa: QAInstance) -> Judgement:
-        return rule_checks(qa)
-
-
-def rule_checks(qa: QAInstance) -> Judgement:
-    subs = {s.index: s for s in qa.sub_qas}
-    notes: list[str] = []
-    dep_ok = True
-    for s in qa.sub_qas:
-        for d in s.depends_on:
-            if d == s.index or d not in subs:
-                dep_ok = False
-                notes.append(f"sub-QA {s.index} depends on {d}, which it cannot")
-            elif not mentions(subs[d].answer, s.question):
-                dep_ok = False
-                notes.append(f"sub-QA {s.index} never uses the answer of sub-QA {d}")
-    atomic = True
-    for s in qa.sub_qas:
-        if s.question.count("?") != 1:
-            atomic = False
-            notes.append(f"sub-QA {s.index} asks {s.question.count('?')} questions")
-        sql = (s.evidence or "").strip().rstrip(";")
-        if sql.upper().startswith("SELECT") and (_SQL_JOIN.search(sql) or ";" in sql):
-            atomic = False
-            notes.append(f"sub-QA {s.index} needs a join or several statements")
-    sequential = all(d < s.index for s in qa.sub_qas for d in s.depends_on) and sorted(subs) == list(
-        range(1, len(subs) + 1))
-    if not sequential:
-        notes.append("dependencies do not follow the sub-QA order")
-    needed = {d for s in qa.sub_qas for d in s.depends_on}
-    sinks = [s for s in qa.sub_qas if s.index not in needed]
-    derivable = any(_same_answer(s.answer, qa.main_answer) for s in sinks) or (
-        len(sinks) > 1 and all(mentions(s.answer, qa.main_answer) for s in sinks))
-    complete = derivable
-    if not complete:
-        notes.append("the main answer does not follow from the final sub-answers")
-    checks = {"dependency_consistency": dep_ok, "sub_question_atomicity": atomic,
-              "sequential_rationality": sequential, "task_completeness": complete}
-    return Judgement(checks=checks, notes=tuple(notes))
-
-
-def _same_answer(a: str, b: str) -> bool:
-    try:
-        return math.isclose(float(a), float(b), rel_tol=1e-9)
-    except ValueError:
-        return normalise(a) == normalise(b)
+def tool_necessity(qa: QAInstance) -> dict[str, bool]:
+    """Sub-QA index (as text) -> whether answering it needs a tool: it is marked so and its answer is not
+    already in the main question."""
+    return {str(s.index): bool(s.needs_tool and not mentions(s.answer, qa.main_question)) for s in qa.sub_qas}
 
 
 def structural_checks(qa: QAInstance, min_hops: int, max_hops: int) -> tuple[dict[str, bool], dict[str, bool], list[str]]:
@@ -157,7 +103,7 @@ def structural_checks(qa: QAInstance, min_hops: int, max_hops: int) -> tuple[dic
     intermediate = all(s.needs_tool for s in qa.sub_qas if s.index in depended)
     if not intermediate:
         reasons.append("a sub-QA other sub-QAs depend on needs no tool")
-    necessity = {str(s.index): bool(s.needs_tool and not mentions(s.answer, qa.main_question)) for s in qa.sub_qas}
+    necessity = tool_necessity(qa)
     hidden = all(necessity[str(s.index)] for s in qa.sub_qas if s.needs_tool)
     if not hidden:
         leaked = [s.index for s in qa.sub_qas if s.needs_tool and not necessity[str(s.index)]]
@@ -180,12 +126,8 @@ async def judge_one(judge: QAJudge, qa: QAInstance, run_id: str | None = None) -
     """One instance's judgement, or the rejection a failed model answer becomes."""
     try:
         return await judge.judge(qa)
-    except ParseError as err:
-        return Rejection(stage="verify_qa", subject=qa.id, reason="invalid_model_output", detail=str(err),
-                         parents=[qa.id], run_id=run_id)
-    except ProviderError as err:
-        return Rejection(stage="verify_qa", subject=qa.id, reason="provider_error", detail=str(err),
-                         parents=[qa.id], run_id=run_id, environment_failure=True)
+    except ProviderError as err:  # invalid output or a failed endpoint: the error's kind says which
+        return Rejection.of_error("verify_qa", qa.id, err, parents=[qa.id], run_id=run_id)
 
 
 async def verify_batch(judge: QAJudge, instances: list[QAInstance], rule: KeepRule, min_hops: int, max_hops: int,
@@ -252,22 +194,18 @@ VERIFY_SCHEMA: dict[str, Any] = {
 }
 
 
-class ModelQAJudge:
-    verifier = "model"
+class QAJudge:
+    """Asks the run's model the four checks and which sub-QAs need a tool."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: ChatModel) -> None:
         self.model = model
+        self.verifier = graded_by(model)
         self.prompt = load_prompt("envs_verify_qa")
 
     async def judge(self, qa: QAInstance) -> Judgement:
-        from arenaforge.tasks.models import complete_json
-
         text = self.prompt.render(qa=qa_payload(qa))
         answer = await complete_json(self.model, "envs.verify_qa", [{"role": "user", "content": text}], VERIFY_SCHEMA,
-                                     temperature=0.0)
+                                     temperature=0.0, inputs=qa)
         necessity = {str(t["index"]): bool(t["needs_tool"]) for t in answer["tool_necessity"]}
         return Judgement(checks={c: bool(answer[c]) for c in CHECKS}, tool_necessity=necessity,
-                         notes=tuple(answer.get("reasons", []))[:5])
-
-
-QA_JUDGES = {"offline": lambda model: RuleQAJudge(), "openai": ModelQAJudge}
+                         notes=tuple(answer.get("reasons", [])))

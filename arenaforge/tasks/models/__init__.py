@@ -1,37 +1,19 @@
-"""Model access for every model-driven step: one `ChatModel` protocol, built once at the edge.
+"""The model seam: every model-driven step talks to one `ChatModel`, built once per run.
 
-`offline` steps need no ChatModel: each step's offline implementation is a deterministic
-generator next to its openai implementation (see docs/ARCHITECTURE.md). This package builds
-the `openai` ChatModel with its cache and usage ledger, and offers `complete_json` for
-structured steps.
+`open_chat_model(cfg.model, warehouse, run_id)` picks the provider named by `model.backend`
+(`providers/`: `offline`, the deterministic generators; `openai`, any OpenAI-compatible endpoint)
+and closes it when the run ends. Steps receive the model in their constructor and send
+`ChatRequest`s; `complete_json` is the structured-answer shortcut.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
-from arenaforge.schemas.config import ModelConfig
 from arenaforge.schemas.errors import ParseError
-from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse
-from arenaforge.tasks.models.cache import ResponseCache, UsageLedger
-from arenaforge.tasks.models.openai_model import OpenAIChatModel, parse_json_answer
-from arenaforge.warehouse.db import Warehouse
-
-
-@contextlib.contextmanager
-def chat_model(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None) -> Iterator[OpenAIChatModel]:
-    """An openai-backend ChatModel whose cache and usage rows are flushed when the block exits."""
-    cache = ResponseCache(wh, cfg.model) if (wh is not None and cfg.cache) else None
-    ledger = UsageLedger(wh, run_id) if wh is not None else None
-    model = OpenAIChatModel(cfg, cache=cache, ledger=ledger)
-    try:
-        yield model
-    finally:
-        for closable in (cache, ledger):
-            if closable is not None:
-                closable.close()
+from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse, NoAnswer, graded_by
+from arenaforge.tasks.models.providers import open_chat_model
+from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatibleModel, parse_json_answer
 
 
 async def complete_json(
@@ -52,10 +34,10 @@ __all__ = [
     "ChatModel",
     "ChatRequest",
     "ChatResponse",
-    "OpenAIChatModel",
-    "ResponseCache",
-    "UsageLedger",
-    "chat_model",
+    "NoAnswer",
+    "OpenAICompatibleModel",
     "complete_json",
+    "graded_by",
+    "open_chat_model",
     "parse_json_answer",
 ]

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from arenaforge.tasks.models.base import ChatResponse
+from arenaforge.warehouse import lookups
 from arenaforge.warehouse.buffer import BufferedTableWriter
 from arenaforge.warehouse.db import Warehouse
 
@@ -32,8 +33,7 @@ class ResponseCache:
     def _load(self) -> dict[str, str]:
         with self._lock:
             if self._entries is None:
-                _, rows = self.wh.query("SELECT key, response FROM llm_cache WHERE model = ?", [self.model])
-                self._entries = {k: v for k, v in rows}
+                self._entries = lookups.cached_responses(self.wh, self.model)
             return self._entries
 
     def get(self, key: str) -> ChatResponse | None:
@@ -45,19 +45,22 @@ class ResponseCache:
         self._load()[key] = raw
         self._writer.add({"key": key, "model": self.model, "request": json.dumps(request), "response": raw})
 
-    def _next_id(self) -> str:
-        return f"{self._prefix}-{next(self._counter)}"
-
     def close(self) -> None:
         self._writer.close()
 
 
 class UsageLedger:
-    """One `llm_calls` row per completed request (cache hits included, flagged)."""
+    """One `llm_calls` row per request, whatever became of it: its cost class says what it cost.
+
+    sent    answered by the endpoint: its tokens were spent
+    cached  answered from the warehouse cache: no tokens spent (its tokens are not counted again)
+    failed  no usable answer (`error_kind` says why); tokens spent on answers thrown away are wasted
+    """
 
     COLUMNS = [("call_id", "VARCHAR"), ("key", "VARCHAR"), ("run_id", "VARCHAR"), ("step", "VARCHAR"),
                ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"), ("reasks", "INTEGER"),
-               ("prompt_tokens", "INTEGER"), ("completion_tokens", "INTEGER"), ("latency_s", "DOUBLE")]
+               ("prompt_tokens", "INTEGER"), ("completion_tokens", "INTEGER"), ("latency_s", "DOUBLE"),
+               ("cost_class", "VARCHAR"), ("error_kind", "VARCHAR"), ("wasted_tokens", "INTEGER")]
 
     def __init__(self, wh: Warehouse, run_id: str | None) -> None:
         self.run_id = run_id
@@ -66,7 +69,11 @@ class UsageLedger:
         self._counter = itertools.count()
         self._writer = BufferedTableWriter(wh, "llm_calls", self.COLUMNS)
 
-    def record(self, key: str, step: str, model: str, response: ChatResponse, latency_s: float) -> None:
+    def record(self, key: str, step: str, model: str, response: ChatResponse | None, latency_s: float,
+               cost_class: str = "sent", error: Exception | None = None) -> None:
+        usage = response.usage if response is not None else getattr(error, "usage", None)
+        spent = cost_class != "cached" and usage is not None
+        wasted = response.wasted_tokens if response is not None else (usage.total_tokens if usage is not None else 0)
         self._writer.add(
             {
                 "call_id": self._next_id(),  # a ledger entry per event, not a content record
@@ -74,12 +81,15 @@ class UsageLedger:
                 "run_id": self.run_id,
                 "step": step,
                 "model": model,
-                "cached": response.cached,
-                "attempts": response.attempts,
-                "reasks": response.reasks,
-                "prompt_tokens": response.usage.prompt_tokens,
-                "completion_tokens": response.usage.completion_tokens,
+                "cached": cost_class == "cached",
+                "attempts": response.attempts if response is not None else getattr(error, "attempts", 1),
+                "reasks": response.reasks if response is not None else 0,
+                "prompt_tokens": usage.prompt_tokens if spent else 0,
+                "completion_tokens": usage.completion_tokens if spent else 0,
                 "latency_s": latency_s,
+                "cost_class": cost_class,
+                "error_kind": str(error.kind) if error is not None and hasattr(error, "kind") else None,
+                "wasted_tokens": wasted if cost_class != "cached" else 0,
             }
         )
 

@@ -8,8 +8,10 @@ of the same name, and every answer conforms to the tool's output schema (checked
 is an error observation plus a `Rejection`). Faults are injected at `fault_rate` per call
 (transient: a retry draws again), and the count is returned so the achieved rate is measured.
 
-Offline simulator: values generated from the schema (enum, format, bounds, field-name hints),
-seeded per session. openai simulator: the model answers as the tool, validated against the schema.
+The run's model plays the tool (prompt `sft_simulate_tool`, given its docs, output schema and the
+session's history); the offline provider generates values from the output schema (enum, format,
+bounds, field-name hints), seeded per session, reusing values seen earlier in the session
+(`tasks/offline/sft_simulator.py`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from jsonschema import Draft202012Validator
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ParseError, ProviderError, SandboxError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolObservation
-from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
 from arenaforge.tasks.models import ChatModel, complete_json
 from arenaforge.tasks.prompts import load_prompt
+from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
 
 # Value vocabularies for field-name hints (generation is programmatic; these only make values plausible).
 _CITIES = ["Oslo", "Lisbon", "Nairobi", "Osaka", "Denver", "Lima", "Hanoi", "Tallinn", "Perth", "Montreal"]
@@ -196,10 +198,26 @@ _FAULTS = (
 )
 
 
-class _SimulatorBase:
+@dataclass(frozen=True)
+class SimulateInputs:
+    """One simulated call: the tool, its arguments, the output schema, and the session's memory and random stream."""
+
+    tool: Tool
+    arguments: dict[str, Any]
+    schema: dict[str, Any]
+    memory: dict[str, Any]  # normalised field name -> last value seen in the session (arguments and outputs)
+    rng: random.Random
+
+
+class Simulator:
+    """A state simulator for one episode: the run's model answers as the tool; faults are injected here."""
+
     kind = "simulator"
 
-    def __init__(self, tools: Sequence[Tool], fault_rate: float, rng: random.Random, subject: str) -> None:
+    def __init__(self, tools: Sequence[Tool], fault_rate: float, rng: random.Random, subject: str,
+                 model: ChatModel) -> None:
+        self.model = model
+        self.prompt = load_prompt("sft_simulate_tool")
         self.tools = {t.function.name: t for t in tools}
         self.fault_rate = fault_rate
         self.rng = rng
@@ -254,34 +272,13 @@ class _SimulatorBase:
             self._remember(value[0], depth + 1)
 
     async def answer(self, tool: Tool, arguments: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-
-class SchemaSimulator(_SimulatorBase):
-    """Offline: answers generated from the output schema, reusing remembered values by field name."""
-
-    async def answer(self, tool: Tool, arguments: dict[str, Any]) -> Any:
-        schema = tool.returns or _default_returns(tool)
-        value = sample_value(schema, tool.function.name, self.rng, hint=tool.function.description)
-        return self._consistent(value, schema, arguments)
-
-    def _consistent(self, value: Any, schema: Any, arguments: dict[str, Any], depth: int = 0) -> Any:
-        if isinstance(value, dict) and isinstance(schema, dict):
-            props = schema.get("properties") or {}
-            out = {}
-            for k, v in value.items():
-                n = _norm(k)
-                known = next((a for ak, a in arguments.items() if _norm(ak) == n), self.memory.get(n))
-                sub = props.get(k, {})
-                if known is not None and not isinstance(v, (dict, list)) and output_problem_for(sub, known) is None:
-                    out[k] = known  # e.g. get_product(product_id=X) returns product_id X
-                else:
-                    out[k] = self._consistent(v, sub, arguments, depth + 1)
-            return out
-        if isinstance(value, list) and isinstance(schema, dict) and depth < 4:
-            return [self._consistent(v, schema.get("items") or {}, {}, depth + 1) for v in value]
-        return value
-
+        schema = tool.returns or default_returns(tool)
+        history = "\n".join(f"{n}({json.dumps(a)}) -> {json.dumps(r)[:400]}" for n, a, r in self.history[-6:]) or "(none)"
+        text = self.prompt.render(name=tool.function.name, description=tool.function.description,
+                                  schema=json.dumps(schema), arguments=json.dumps(arguments), history=history)
+        # A ParseError here (never a valid answer after the re-asks) becomes an error observation in `call`.
+        return await complete_json(self.model, "sft.simulate_tool", [{"role": "user", "content": text}], schema,
+                                   inputs=SimulateInputs(tool, arguments, schema, self.memory, self.rng))
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),
                                           "boolean": (bool,), "null": (type(None),)}
@@ -305,31 +302,13 @@ def output_problem_for(schema: Any, value: Any) -> str | None:
     return None
 
 
-def _default_returns(tool: Tool) -> dict[str, Any]:
+def default_returns(tool: Tool) -> dict[str, Any]:
     """Output schema for a tool documented without one: a status plus a result object named after it."""
     base = re.sub(r"^(get|list|search|find|create|update|delete|fetch|check|lookup)_", "", tool.function.name.lower())
     return {"type": "object", "properties": {"status": {"enum": ["success"]},
                                              f"{_norm(base)[:24] or 'result'}_id": {"type": "string"},
                                              "summary": {"type": "string"}},
             "required": ["status", "summary"]}
-
-
-class ModelSimulator(_SimulatorBase):
-    """openai: the model plays the tool, given its docs, output schema and the session's history."""
-
-    def __init__(self, tools: Sequence[Tool], fault_rate: float, rng: random.Random, subject: str,
-                 model: ChatModel) -> None:
-        super().__init__(tools, fault_rate, rng, subject)
-        self.model = model
-        self.prompt = load_prompt("sft_simulate_tool")
-
-    async def answer(self, tool: Tool, arguments: dict[str, Any]) -> Any:
-        schema = tool.returns or {"type": "object"}
-        history = "\n".join(f"{n}({json.dumps(a)}) -> {json.dumps(r)[:400]}" for n, a, r in self.history[-6:]) or "(none)"
-        text = self.prompt.render(name=tool.function.name, description=tool.function.description,
-                                  schema=json.dumps(schema), arguments=json.dumps(arguments), history=history)
-        # A ParseError here (never a valid answer after the re-asks) becomes an error observation in `call`.
-        return await complete_json(self.model, "simulate_tool", [{"role": "user", "content": text}], schema)
 
 
 class McpExecutor:
@@ -363,15 +342,12 @@ class SandboxExecutor:
         return CallResult(obs if isinstance(obs, ToolObservation) else ToolObservation.model_validate(obs))
 
 
-SimulatorFactory = Callable[[Sequence[Tool], random.Random, str], _SimulatorBase]
+SimulatorFactory = Callable[[Sequence[Tool], random.Random, str], "Simulator"]
 
 
-def simulator_factory(cfg: Config, model: ChatModel | None) -> SimulatorFactory:
-    factories: dict[str, SimulatorFactory] = {
-        "offline": lambda tools, rng, subject: SchemaSimulator(tools, cfg.sft.fault_rate, rng, subject),
-        "openai": lambda tools, rng, subject: ModelSimulator(tools, cfg.sft.fault_rate, rng, subject, model),  # type: ignore[arg-type]
-    }
-    return factories[cfg.model.backend]
+def simulator_factory(cfg: Config, model: ChatModel) -> SimulatorFactory:
+    """Simulators of one run: its model plays the tools, faults at `sft.fault_rate`."""
+    return lambda tools, rng, subject: Simulator(tools, cfg.sft.fault_rate, rng, subject, model)
 
 
 @contextlib.asynccontextmanager

@@ -7,22 +7,26 @@ import asyncio
 import pytest
 
 from arenaforge.environments.runtime import create_pool, run_calls
-from arenaforge.tasks.envs.decompose_qa import OfflineQASynthesizer, QASpec
+from arenaforge.tasks.envs.build_tools import ToolBuilder
+from arenaforge.tasks.envs.check_env import random_arguments
+from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors, tool_text
 from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.synthesize_env import OfflineToolBuilder, assemble, random_arguments, synthesize_environments
+from arenaforge.tasks.envs.synthesize_env import synthesize_environments
+from arenaforge.tasks.envs.tool_impl import assemble
 from tests.support.envs_fakes import fake_embed, sandbox_cfg
+from tests.support.models import offline_model
 
 
 @pytest.fixture(scope="module")
 def drafts():
     src = load_sample()
-    instances = asyncio.run(OfflineQASynthesizer().synthesize(src, QASpec(n=16, seed=8))).instances
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(src, QASpec(n=16, seed=8))).instances
 
     async def go():
         pool = await create_pool(sandbox_cfg())
         try:
-            return (await synthesize_environments(OfflineToolBuilder(src), pool, instances, max_attempts=1)).drafts
+            return (await synthesize_environments(ToolBuilder(offline_model(), src), pool, instances, max_attempts=1)).drafts
         finally:
             await pool.shutdown()
 

@@ -7,12 +7,15 @@ import asyncio
 import pytest
 
 from arenaforge.environments.runtime import create_pool
-from arenaforge.tasks.envs.decompose_qa import OfflineQASynthesizer, QASpec
+from arenaforge.tasks.envs.build_tools import ToolBuilder
+from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.merge_envs import ModelGrouper, SignatureGrouper, merge_environments
-from arenaforge.tasks.models import chat_model
-from arenaforge.tasks.envs.synthesize_env import OfflineToolBuilder, synthesize_environments
+from arenaforge.tasks.envs.merge_envs import ToolGrouper, merge_environments
+from arenaforge.tasks.envs.tool_data import Probe
+from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from tests.support.envs_fakes import EnvsResponder, model_cfg, sandbox_cfg
+from tests.support.models import http_model as chat_model
+from tests.support.models import offline_model
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +28,16 @@ def sample():
 async def _drafts_and_merge(sample, instances, grouper=None, mutate=None):
     pool = await create_pool(sandbox_cfg())
     try:
-        built = await synthesize_environments(OfflineToolBuilder(sample), pool, instances, max_attempts=1)
+        built = await synthesize_environments(ToolBuilder(offline_model(), sample), pool, instances, max_attempts=1)
         drafts = mutate(built.drafts) if mutate else built.drafts
-        return drafts, await merge_environments(grouper or SignatureGrouper(), pool, drafts, run_id="r")
+        return drafts, await merge_environments(grouper or ToolGrouper(offline_model()), pool, drafts, run_id="r")
     finally:
         await pool.shutdown()
 
 
 def test_equivalent_tools_merge_and_every_qa_still_verifies(sample) -> None:
     spec = QASpec(n=12, structures=("single_hop", "multi_hop"), max_hops=2, seed=4)
-    instances = asyncio.run(OfflineQASynthesizer().synthesize(sample, spec)).instances
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances
     drafts, result = asyncio.run(_drafts_and_merge(sample, instances))
     merged = [m for m in result.merges if m.merged]
     assert merged, [m.reasons for m in result.merges]
@@ -54,7 +57,7 @@ def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
 
     monkeypatch.setattr(arenaforge.tasks.envs.merge_envs, "_without_foreign_answers", lambda data, members: data)
     spec = QASpec(n=12, structures=("single_hop",), seed=4)
-    instances = asyncio.run(OfflineQASynthesizer().synthesize(sample, spec)).instances
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances
 
     def poison(drafts):
         # make one member's mock data answer another member's question: the merged tool would leak
@@ -70,14 +73,11 @@ def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
         poisoned_key = "ZZ-POISON"
         data = dict(t1.data)
         data[poisoned_key] = {**next(iter(t1.data.values())), attr: t0.calls[0].answer}
-        t1p = replace(t1, data=data, probes=t1.probes + [{next(iter(t1.calls[0].arguments)): poisoned_key}])
+        t1p = replace(t1, data=data, probes=t1.probes + [Probe({next(iter(t1.calls[0].arguments)): poisoned_key})])
         return [d if d is not d1 else type(d)(d.qa, [t1p if t is t1 else t for t in d.tools], d.attempt) for d in drafts]
 
-    class Forced(SignatureGrouper):
-        async def groups(self, tools):  # no collision pre-check can see the poisoned row's meaning
-            return await super().groups(tools)
-
-    drafts, result = asyncio.run(_drafts_and_merge(sample, instances, Forced(), poison))
+    # the offline grouper groups by signature: no collision pre-check can see the poisoned row's meaning
+    drafts, result = asyncio.run(_drafts_and_merge(sample, instances, ToolGrouper(offline_model()), poison))
     refused = [m for m in result.merges if not m.merged]
     assert refused and any("answer_leak" in r for m in refused for r in m.reasons)
     for m in refused:  # members keep their own tools, untouched
@@ -89,9 +89,9 @@ def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
 
 def test_model_grouper_over_http(sample, scripted_openai) -> None:
     spec = QASpec(n=10, structures=("single_hop",), seed=4)
-    instances = asyncio.run(OfflineQASynthesizer().synthesize(sample, spec)).instances
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:
-        drafts, result = asyncio.run(_drafts_and_merge(sample, instances, ModelGrouper(model)))
+        drafts, result = asyncio.run(_drafts_and_merge(sample, instances, ToolGrouper(model)))
     assert result.merges and all(m.method == "model" for m in result.merges)
     assert "Group functionally equivalent tools" in scripted_openai.chat_requests()[0]["messages"][0]["content"]

@@ -10,12 +10,15 @@ import pytest
 from arenaforge.environments.reward import answer_matches
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.decompose_qa import OfflineQASynthesizer, QASpec
+from arenaforge.tasks.envs.build_tools import ToolBuilder
+from arenaforge.tasks.envs.check_env import self_test
+from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.models import chat_model
-from arenaforge.tasks.envs.synthesize_env import (OfflineToolBuilder, OpenAIToolBuilder, check_doc, self_test, stdlib_only,
-                                  synthesize_environments)
+from arenaforge.tasks.envs.synthesize_env import synthesize_environments
+from arenaforge.tasks.envs.tool_impl import check_doc, stdlib_only
 from tests.support.envs_fakes import EnvsResponder, model_cfg, sandbox_cfg
+from tests.support.models import http_model as chat_model
+from tests.support.models import offline_model
 from tests.support.requirements import require_docker
 
 
@@ -28,7 +31,7 @@ def sample():
 
 @pytest.fixture(scope="module")
 def instances(sample):
-    return asyncio.run(OfflineQASynthesizer().synthesize(sample, QASpec(n=8, max_hops=3, seed=11))).instances
+    return asyncio.run(QASynthesizer(offline_model()).synthesize(sample, QASpec(n=8, max_hops=3, seed=11))).instances
 
 
 async def _with_pool(fn, **cfg):
@@ -41,7 +44,7 @@ async def _with_pool(fn, **cfg):
 
 def test_offline_environments_verify_in_the_sandbox(sample, instances) -> None:
     async def go(pool):
-        result = await synthesize_environments(OfflineToolBuilder(sample), pool, instances, max_attempts=1)
+        result = await synthesize_environments(ToolBuilder(offline_model(), sample), pool, instances, max_attempts=1)
         envs = [d.environment() for d in result.drafts]
         replays = [await run_calls(pool, env, env.calls) for env in envs]
         probes = {}
@@ -69,7 +72,7 @@ def test_offline_environments_verify_in_the_sandbox(sample, instances) -> None:
 
 def test_self_test_scores_gold_empty_and_random(sample, instances) -> None:
     async def go(pool):
-        result = await synthesize_environments(OfflineToolBuilder(sample), pool, instances[:4], max_attempts=0)
+        result = await synthesize_environments(ToolBuilder(offline_model(), sample), pool, instances[:4], max_attempts=0)
         good = result.drafts[0].environment()
         broken = good.model_copy(update={"gold_answers": ["not an answer anywhere"] * len(good.gold_answers)})
         return await asyncio.gather(self_test(pool, good), self_test(pool, broken))
@@ -80,17 +83,18 @@ def test_self_test_scores_gold_empty_and_random(sample, instances) -> None:
     assert broken_checks["self_test_gold_f1"] is False
 
 
-@pytest.mark.parametrize(("bad", "reason"), [("loop", "timeout"), ("leak", "answer_leak")])
+# "leak": code that returns the answer it was told whatever it is asked; the source says otherwise for other records
+@pytest.mark.parametrize(("bad", "reason"), [("loop", "timeout"), ("leak", "wrong_answer")])
 def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai, bad, reason) -> None:
-    from arenaforge.tasks.envs.decompose_qa import OpenAIQASynthesizer
+    from arenaforge.tasks.envs.decompose_qa import QASynthesizer
 
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:
-        qas = asyncio.run(OpenAIQASynthesizer(model).synthesize(sample, QASpec(n=2, seed=0))).instances
+        qas = asyncio.run(QASynthesizer(model).synthesize(sample, QASpec(n=2, seed=0))).instances
         scripted_openai.responder = EnvsResponder(bad_code=bad)
 
         async def go(pool):
-            return await synthesize_environments(OpenAIToolBuilder(model), pool, qas, max_attempts=1)
+            return await synthesize_environments(ToolBuilder(model, sample), pool, qas, max_attempts=1)
 
         result = asyncio.run(_with_pool(go, call_timeout_s=0.5))
     assert not result.drafts
@@ -99,23 +103,24 @@ def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai,
 
 
 def test_openai_tools_and_non_json_answers(sample, scripted_openai) -> None:
-    from arenaforge.tasks.envs.decompose_qa import OpenAIQASynthesizer
+    from arenaforge.tasks.envs.decompose_qa import QASynthesizer
 
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:
-        qas = asyncio.run(OpenAIQASynthesizer(model).synthesize(sample, QASpec(n=3, seed=0))).instances
+        qas = asyncio.run(QASynthesizer(model).synthesize(sample, QASpec(n=3, seed=0))).instances
 
         async def go(pool):
-            ok = await synthesize_environments(OpenAIToolBuilder(model), pool, qas, max_attempts=0)
+            ok = await synthesize_environments(ToolBuilder(model, sample), pool, qas, max_attempts=0)
             scripted_openai.responder = EnvsResponder(not_json_steps=("envs.implement_tool",))
-            bad = await synthesize_environments(OpenAIToolBuilder(model), pool, qas[:1], max_attempts=1)
+            bad = await synthesize_environments(ToolBuilder(model, sample), pool, qas[:1], max_attempts=1)
             return ok, bad
 
         ok, bad = asyncio.run(_with_pool(go))
     assert len(ok.drafts) == 3 and not ok.rejections
     env = ok.drafts[0].environment()
     assert all("verbose" in t.parameters["properties"] for t in env.tools)  # complexity augmentation kept
-    assert ok.drafts[0].tools[0].probes  # generic probes from the mock data keys
+    probes = ok.drafts[0].tools[0].probes  # other records of the source, each with the source's answer
+    assert probes and all(p.answer for p in probes)
     assert not bad.drafts and bad.rejections[0].reason == "invalid_model_output"
 
 
@@ -125,7 +130,7 @@ def test_accepted_environments_pass_self_test_in_docker(sample, instances) -> No
 
     async def go(pool):
         assert pool.backend == "docker"
-        result = await synthesize_environments(OfflineToolBuilder(sample), pool, instances, max_attempts=1)
+        result = await synthesize_environments(ToolBuilder(offline_model(), sample), pool, instances, max_attempts=1)
         envs: list[Environment] = [d.environment() for d in result.drafts]
         return envs, await asyncio.gather(*(self_test(pool, env) for env in envs))
 

@@ -6,18 +6,20 @@ import asyncio
 
 import pytest
 
-from arenaforge.schemas.models import QAInstance, SubQA
+from arenaforge.schemas.models import Evidence, QAInstance, SubQA
 from arenaforge.tasks.envs.decompose_qa import make_instance
-from arenaforge.tasks.models import chat_model
-from arenaforge.tasks.envs.verify_qa import KeepRule, ModelQAJudge, RuleQAJudge, rule_checks, structural_checks, verify_batch
+from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, structural_checks, verify_batch
+from arenaforge.tasks.offline.envs_verify import rule_checks
 from tests.support.envs_fakes import EnvsResponder, model_cfg
+from tests.support.models import http_model as chat_model
+from tests.support.models import offline_model
 
 
 def _chain(**changes) -> QAInstance:
     subs = [SubQA(index=1, question="What is the customer id of the order OR5001?", answer="CU107",
-                  evidence="SELECT \"customer_id\" FROM \"orders\" WHERE \"order_id\" = 'OR5001'"),
+                  evidence=Evidence(kind="lookup", table="orders", key="order_id", value="OR5001", column="customer_id")),
             SubQA(index=2, question="What is the city of the customer CU107?", answer="Ghent", depends_on=[1],
-                  evidence="SELECT \"city\" FROM \"customers\" WHERE \"customer_id\" = 'CU107'")]
+                  evidence=Evidence(kind="lookup", table="customers", key="customer_id", value="CU107", column="city"))]
     base = dict(main_question="Starting from the order OR5001, follow its customer id; what is the city?",
                 main_answer="Ghent", subs=subs)
     base.update(changes)
@@ -26,7 +28,7 @@ def _chain(**changes) -> QAInstance:
 
 def test_good_instance_passes_everything() -> None:
     qa = _chain()
-    assert all(rule_checks(qa).checks.values())
+    assert all(rule_checks(qa)[0].values())
     structural, necessity, reasons = structural_checks(qa, 1, 3)
     assert all(structural.values()) and reasons == []
     assert necessity == {"1": True, "2": True}
@@ -41,10 +43,6 @@ def test_good_instance_passes_everything() -> None:
     ([SubQA(index=1, question="What is the customer id of order OR5001? And its store?", answer="CU107"),
       SubQA(index=2, question="What is the city of the customer CU107?", answer="Ghent", depends_on=[1])],
      "sub_question_atomicity"),
-    # evidence needing a join is not atomic either
-    ([SubQA(index=1, question="What is the city of the customer of order OR5001?", answer="Ghent",
-            evidence="SELECT c.city FROM orders o JOIN customers c USING (customer_id) WHERE o.order_id = 'OR5001'")],
-     "sub_question_atomicity"),
     # the main answer does not follow from the final sub-answer
     ([SubQA(index=1, question="What is the customer id of the order OR5001?", answer="CU107"),
       SubQA(index=2, question="What is the tier of the customer CU107?", answer="gold", depends_on=[1])],
@@ -52,7 +50,7 @@ def test_good_instance_passes_everything() -> None:
 ])
 def test_each_check_fails_on_its_defect(subs, failed) -> None:
     qa = make_instance("t", "Where does the customer of order OR5001 live?", "Ghent", subs)
-    checks = rule_checks(qa).checks
+    checks = rule_checks(qa)[0]
     assert checks[failed] is False
 
 
@@ -77,7 +75,7 @@ def test_keep_rules_and_rejection_rows() -> None:
         SubQA(index=1, question="What is the customer id of the order OR5001?", answer="CU107"),
         SubQA(index=2, question="What is the tier of the customer CU107?", answer="gold", depends_on=[1])])
     leaked = _chain(main_question="The customer CU107 placed order OR5001; what is the city?")
-    out = asyncio.run(verify_batch(RuleQAJudge(), [good, bad, leaked], KeepRule("threshold", 1.0), 1, 3, run_id="r1"))
+    out = asyncio.run(verify_batch(QAJudge(offline_model()), [good, bad, leaked], KeepRule("threshold", 1.0), 1, 3, run_id="r1"))
     assert [q.id for q in out.kept] == [good.id]
     by_subject = {r.subject: r for r in out.rejections}
     assert by_subject[bad.id].reason == "low_quality_score" and "task_completeness" in by_subject[bad.id].detail
@@ -87,14 +85,14 @@ def test_keep_rules_and_rejection_rows() -> None:
     # percentile: the cut-off comes from the batch's scores
     rule = KeepRule("percentile", percentile=50.0)
     assert rule.cutoff([0.5, 0.75, 1.0]) == 0.75
-    lenient = asyncio.run(verify_batch(RuleQAJudge(), [good, bad], KeepRule("percentile", percentile=0.0), 1, 3))
+    lenient = asyncio.run(verify_batch(QAJudge(offline_model()), [good, bad], KeepRule("percentile", percentile=0.0), 1, 3))
     assert len(lenient.kept) == 2 and lenient.verifications[0].keep_rule.startswith("qs>=p0")
 
 
 def test_model_judge_over_http(scripted_openai) -> None:
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:
-        out = asyncio.run(verify_batch(ModelQAJudge(model), [_chain()], KeepRule(), 1, 3))
+        out = asyncio.run(verify_batch(QAJudge(model), [_chain()], KeepRule(), 1, 3))
     assert len(out.kept) == 1 and out.verifications[0].verifier == "model"
     assert "dependency_consistency" in scripted_openai.chat_requests()[0]["messages"][0]["content"]
 
@@ -102,5 +100,5 @@ def test_model_judge_over_http(scripted_openai) -> None:
 def test_model_judge_non_json_is_a_rejection(scripted_openai) -> None:
     scripted_openai.responder = EnvsResponder(not_json_steps=("envs.verify_qa",))
     with chat_model(model_cfg(scripted_openai.url)) as model:
-        out = asyncio.run(verify_batch(ModelQAJudge(model), [_chain()], KeepRule(), 1, 3))
+        out = asyncio.run(verify_batch(QAJudge(model), [_chain()], KeepRule(), 1, 3))
     assert not out.kept and out.rejections[0].reason == "invalid_model_output"

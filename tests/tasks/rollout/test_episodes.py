@@ -7,7 +7,13 @@ import asyncio
 import pytest
 
 from arenaforge.tasks.policy.scripted import ScriptedEngine
-from arenaforge.tasks.rollout.episodes import RolloutConfig, parse_tool_calls, render_observations, run_episode, run_rollouts
+from arenaforge.tasks.rollout.episodes import (
+    RolloutConfig,
+    parse_tool_calls,
+    render_observations,
+    run_episode,
+    run_rollouts,
+)
 from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env, tiny_model_path
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from arenaforge.schemas.kinds_training import EvalRun
-from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
 
 

@@ -14,7 +14,13 @@ import pytest
 
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.contracts import check_json_schema
-from arenaforge.tasks.sft.ingest_tools import check_schema_fast, detect_format, ingest_mcp, ingest_paths, normalise_schema
+from arenaforge.tasks.sft.ingest_tools import (
+    check_schema_fast,
+    detect_format,
+    ingest_mcp,
+    ingest_paths,
+    normalise_schema,
+)
 from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
@@ -131,8 +137,8 @@ def test_every_shared_tool_doc_folder_loads(shared_data):
 
 def test_live_mcp_servers_time_and_git_are_ingested(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    result = ingest_mcp([str(VENV_BIN / "mcp-server-time"), f"{VENV_BIN / 'mcp-server-git'} --repository {tmp_path}"],
-                        SftConfig())
+    result = asyncio.run(ingest_mcp([str(VENV_BIN / "mcp-server-time"),
+                                     f"{VENV_BIN / 'mcp-server-git'} --repository {tmp_path}"], SftConfig()))
     servers = {s.name: s for s in result.servers}
     assert set(servers) == {"mcp.mcp-time", "mcp.mcp-git"}
     assert servers["mcp.mcp-time"].tool_names == ["convert_time", "get_current_time"]
@@ -144,7 +150,7 @@ def test_live_mcp_servers_time_and_git_are_ingested(tmp_path):
 
 
 def test_mcp_servers_that_fail_to_start_are_rejections():
-    result = ingest_mcp(["/nonexistent/mcp-server", [*FLAKY, "--no-handshake"]], SftConfig(mcp_timeout_s=2))
+    result = asyncio.run(ingest_mcp(["/nonexistent/mcp-server", [*FLAKY, "--no-handshake"]], SftConfig(mcp_timeout_s=2)))
     assert result.tools == []
     assert [r.reason for r in result.rejections] == ["mcp_unavailable", "mcp_unavailable"]
     assert all(r.environment_failure for r in result.rejections)
@@ -177,3 +183,24 @@ def test_mcp_session_start_failure_raises_input_error():
 
     with pytest.raises(McpServerError, match="nonexistent"):
         asyncio.run(go())
+
+
+def test_ingest_survives_any_file_and_keeps_the_good_ones(tmp_path):
+    """A 100k-deep nested document, binary garbage and a deep parameter schema beside a good file: the good tools
+    are kept, each bad file is a rejection with its reason, nothing raises."""
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "garbage.json").write_bytes(bytes(range(256)) * 8)
+    depth = 400  # readable by json, deeper than a schema walk can go
+    deep_schema = '{"type": "object", "properties": {"x": ' * depth + '{"type": "object"}' + "}}" * depth
+    (tmp_path / "deep_schema.json").write_text(
+        '[{"name": "deep_tool", "description": "A tool whose schema nests very deeply.", "parameters": '
+        + deep_schema + "}]")
+    (tmp_path / "good.json").write_text(json.dumps(
+        [{"name": "get_weather", "description": "Current weather for a city.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]))
+    result = ingest_paths([tmp_path], SftConfig())
+    assert [t.function.name for t in result.tools] == ["get_weather"]
+    reasons = {(Path(r.subject.split(":")[0]).name if r.subject.startswith("/") else r.subject, r.reason)
+               for r in result.rejections}
+    assert ("deep.json", "malformed_json") in reasons and ("garbage.json", "malformed_json") in reasons, reasons
+    assert any(reason == "invalid_schema" and "deep_tool" in subject for subject, reason in reasons), reasons

@@ -14,7 +14,8 @@ from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, Trajectory
 from arenaforge.tasks.sft import stages as sft_stages
 from arenaforge.tasks.sft.ingest_tools import ingest_paths
-from arenaforge.tasks.sft.tool_simulator import SchemaSimulator, output_problem, sample_value
+from arenaforge.tasks.sft.tool_simulator import Simulator, output_problem, sample_value
+from tests.support.models import offline_model, run_stage
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
 
@@ -26,8 +27,8 @@ def _offline_cfg(**sft) -> Config:
 @pytest.fixture
 def loaded(tmp_warehouse):
     cfg = _offline_cfg()
-    sft_stages.ingest(cfg, tmp_warehouse, "run-i", [str(SAMPLE)])
-    sft_stages.build_graphs(cfg, tmp_warehouse, "run-g")
+    run_stage(sft_stages.ingest, cfg, tmp_warehouse, "run-i", [str(SAMPLE)])
+    run_stage(sft_stages.build_graphs, cfg, tmp_warehouse, "run-g")
     return tmp_warehouse
 
 
@@ -38,7 +39,7 @@ def _shop_tools():
 
 def test_simulator_is_consistent_schema_true_and_injects_faults_at_its_rate():
     tools = _shop_tools()
-    sim = SchemaSimulator(list(tools.values()), fault_rate=0.0, rng=random.Random(0), subject="t")
+    sim = Simulator(list(tools.values()), fault_rate=0.0, rng=random.Random(0), subject="t", model=offline_model())
 
     async def calls():
         first = await sim.call("get_product", {"product_id": "prod_1"})
@@ -54,7 +55,7 @@ def test_simulator_is_consistent_schema_true_and_injects_faults_at_its_rate():
     assert output_problem(tools["add_to_cart"], json.loads(cart.observation.output)) is None
     assert missing.observation.outcome == "error" and "cart_id" in missing.observation.error
 
-    faulty = SchemaSimulator(list(tools.values()), fault_rate=0.2, rng=random.Random(1), subject="t")
+    faulty = Simulator(list(tools.values()), fault_rate=0.2, rng=random.Random(1), subject="t", model=offline_model())
     async def many():
         return [await faulty.call("track_order", {"order_id": f"o{i}"}) for i in range(2000)]
 
@@ -67,11 +68,11 @@ def test_simulator_is_consistent_schema_true_and_injects_faults_at_its_rate():
 def test_simulator_answer_that_breaks_the_output_schema_is_an_error_and_a_rejection():
     tools = _shop_tools()
 
-    class Broken(SchemaSimulator):
+    class Broken(Simulator):
         async def answer(self, tool, arguments):
             return {"order_id": 7, "status": "shipped", "eta_days": 1}
 
-    sim = Broken(list(tools.values()), fault_rate=0.0, rng=random.Random(0), subject="task-x")
+    sim = Broken(list(tools.values()), fault_rate=0.0, rng=random.Random(0), subject="task-x", model=offline_model())
     result = asyncio.run(sim.call("track_order", {"order_id": "o1"}))
     assert result.observation.outcome == "error"
     assert [r.reason for r in sim.log.rejections] == ["schema_violation"]
@@ -94,8 +95,8 @@ def test_sample_value_respects_schema_constraints():
 def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(loaded, tmp_path):
     wh = loaded
     cfg = _offline_cfg()
-    chain_ids, c1 = sft_stages.sample_chains(cfg, wh, "run-s", seed=1)
-    task_ids, c2 = sft_stages.synthesize_tasks(cfg, wh, "run-s", chain_ids, seed=1, server_only=True)
+    chain_ids, c1 = run_stage(sft_stages.sample_chains, cfg, wh, "run-s", seed=1)
+    task_ids, c2 = run_stage(sft_stages.synthesize_tasks, cfg, wh, "run-s", chain_ids, seed=1, server_only=True)
     assert c1["verified_chains"] == len(chain_ids) > 3
     assert c2["tasks"] == 4 * (len(chain_ids) + 4)  # base + 3 augmentations, per chain and per server (server-only)
     tasks = wh.load(Task, where="run_id = 'run-s'")
@@ -105,7 +106,7 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     persona = next(t for t in tasks if t.augmentation == "persona")
     assert persona.persona and persona.query.startswith("As a")
 
-    traj_ids, c3 = sft_stages.run_trajectories(cfg, wh, "run-s", task_ids, seed=1)
+    traj_ids, c3 = run_stage(sft_stages.run_trajectories, cfg, wh, "run-s", task_ids, seed=1)
     assert c3["trajectories"] == len(task_ids) and c3["tool_calls"] >= len(task_ids)
     assert 0 < c3["faults_injected"] < c3["tool_calls"]
     trajectories = wh.load(Trajectory, where="run_id = 'run-s'")
@@ -118,9 +119,11 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     with_fault = next(t for t in trajectories if t.faults_injected)
     assert any(m.role == "tool" and (m.content or "").startswith(("Error:", "Timeout:")) for m in with_fault.messages)
     _, uses = wh.query("SELECT sum(uses) FROM graph_edges")
-    assert uses[0][0] > 0  # walked edges were counted
+    assert uses[0][0] == 0  # walks count as used only once the run's trajectories are judged
 
-    kept, c4 = sft_stages.judge(cfg, wh, "run-s", traj_ids)
+    kept, c4 = run_stage(sft_stages.judge, cfg, wh, "run-s", traj_ids)
+    _, uses = wh.query("SELECT sum(uses) FROM graph_edges")
+    assert uses[0][0] > 0  # walked edges were counted
     scores = wh.load(JudgeScore, where="run_id = 'run-s'")
     assert c4["scored"] == len(traj_ids) and {s.judge for s in scores} == {"rules"}
     for s in scores:
@@ -129,7 +132,7 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     faulty = [s for s in scores if s.tool_conciseness < 1]
     assert faulty, "retries after injected faults cost conciseness"
 
-    report = sft_stages.export(cfg, wh, tmp_path, run_id="run-s")
+    report = run_stage(sft_stages.export, cfg, wh, "run-s", tmp_path)
     assert report["samples"] == c4["kept"] > 0
     assert report["messages_per_sample"] > 3 and report["distinct_functions"] >= 5
     assert 0 < report["achieved_fault_rate"] < 0.5
@@ -147,8 +150,8 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
 
 def test_strict_thresholds_reject_tasks_with_reasons(loaded):
     cfg = _offline_cfg(min_clarity=1.0, min_realism=1.0, min_tool_necessity=1.0)
-    chain_ids, _ = sft_stages.sample_chains(cfg, loaded, "run-t", seed=2)
-    accepted, counts = sft_stages.synthesize_tasks(cfg, loaded, "run-t", chain_ids, seed=2)
+    chain_ids, _ = run_stage(sft_stages.sample_chains, cfg, loaded, "run-t", seed=2)
+    accepted, counts = run_stage(sft_stages.synthesize_tasks, cfg, loaded, "run-t", chain_ids, seed=2)
     assert counts["rejected_tasks"] > 0
     rejected = [t for t in loaded.load(Task, where="run_id = 'run-t'") if not t.accepted]
     assert all(any("< 1.00" in r for r in t.reasons) for t in rejected)
@@ -164,27 +167,28 @@ def test_openai_backend_end_to_end_against_the_scripted_endpoint(scripted_openai
     cfg = Config(model=ModelConfig(backend="openai", base_url=scripted_openai.url, model="scripted"),
                  sft=SftConfig(use_embeddings=False, chains_per_server=2, verify_votes=1, augmentations=["persona"]))
     wh = tmp_warehouse
-    sft_stages.ingest(cfg, wh, "run-i", [str(SAMPLE / "weather.jsonl")])
-    counts = sft_stages.build_graphs(cfg, wh, "run-o")
+    run_stage(sft_stages.ingest, cfg, wh, "run-i", [str(SAMPLE / "weather.jsonl")])
+    counts = run_stage(sft_stages.build_graphs, cfg, wh, "run-o")
     assert counts["edges"] >= 2
-    chain_ids, _ = sft_stages.sample_chains(cfg, wh, "run-o", seed=0)
-    task_ids, c = sft_stages.synthesize_tasks(cfg, wh, "run-o", chain_ids, seed=0)
+    chain_ids, _ = run_stage(sft_stages.sample_chains, cfg, wh, "run-o", seed=0)
+    task_ids, c = run_stage(sft_stages.synthesize_tasks, cfg, wh, "run-o", chain_ids, seed=0)
     assert c["accepted_tasks"] == 2 * len(chain_ids) > 0
-    traj_ids, c = sft_stages.run_trajectories(cfg, wh, "run-o", task_ids, seed=0)
+    traj_ids, c = run_stage(sft_stages.run_trajectories, cfg, wh, "run-o", task_ids, seed=0)
     assert c["trajectories"] == len(task_ids)
-    kept, c = sft_stages.judge(cfg, wh, "run-o", traj_ids)
+    kept, c = run_stage(sft_stages.judge, cfg, wh, "run-o", traj_ids)
     assert c["scored"] == len(traj_ids) and len(kept) == len(traj_ids)
     t = wh.load(Trajectory)[0]
     assert t.messages[2].tool_calls and t.messages[-1].content.startswith("Done.")
     assert t.provenance.backend == "openai" and t.provenance.model == "scripted"
     assert {s.judge for s in wh.load(JudgeScore)} == {"model"}
     _, steps = wh.query("SELECT step, count(*) FROM llm_calls GROUP BY step ORDER BY step")
-    assert {s for s, _ in steps} >= {"agent", "judge_trajectory", "propose_chains", "score_query", "simulate_tool",
-                                     "write_query", "augment_query", "verify_chain"}
+    assert {s for s, _ in steps} >= {f"sft.{step}" for step in ("agent", "judge_trajectory", "propose_chains",
+                                                                 "score_query", "simulate_tool", "write_query",
+                                                                 "augment_query", "verify_chain")}
 
     responder.break_simulator = True  # answers that never fit the output schema: error observations + rejections
     cfg2 = cfg.model_copy(update={"model": cfg.model.model_copy(update={"cache": False, "max_reasks": 0})})
-    _, c = sft_stages.run_trajectories(cfg2, wh, "run-b", task_ids, seed=5)
+    _, c = run_stage(sft_stages.run_trajectories, cfg2, wh, "run-b", task_ids, seed=5)
     assert c["trajectory_rejections"] > 0
     reasons = {r.reason for r in wh.load(Rejection, where="run_id = 'run-b'")}
     assert "simulator_failed" in reasons
@@ -203,11 +207,11 @@ def test_tools_with_code_run_in_the_sandbox(tmp_warehouse, tmp_path, monkeypatch
     (tmp_path / "units.json").write_text(json.dumps(server))
     cfg = Config(sft=SftConfig(use_embeddings=False, augmentations=[]), sandbox={"backend": "process", "pool_size": 1})
     wh = tmp_warehouse
-    sft_stages.ingest(cfg, wh, "r", [str(tmp_path)])
-    sft_stages.build_graphs(cfg, wh, "r")
-    chains, _ = sft_stages.sample_chains(cfg, wh, "r", seed=0)
-    task_ids, _ = sft_stages.synthesize_tasks(cfg, wh, "r", chains, seed=0)
-    _, counts = sft_stages.run_trajectories(cfg, wh, "r", task_ids, seed=0)
+    run_stage(sft_stages.ingest, cfg, wh, "r", [str(tmp_path)])
+    run_stage(sft_stages.build_graphs, cfg, wh, "r")
+    chains, _ = run_stage(sft_stages.sample_chains, cfg, wh, "r", seed=0)
+    task_ids, _ = run_stage(sft_stages.synthesize_tasks, cfg, wh, "r", chains, seed=0)
+    _, counts = run_stage(sft_stages.run_trajectories, cfg, wh, "r", task_ids, seed=0)
     trajectories = wh.load(Trajectory)
     assert counts["trajectories"] == len(task_ids) > 0 and {t.executor for t in trajectories} == {"sandbox"}
     chained = next(t for t in trajectories if t.tool_calls == 2)
@@ -223,11 +227,11 @@ def test_live_mcp_server_answers_the_agent(tmp_warehouse):
     time_server = str(Path(sys.executable).parent / "mcp-server-time")
     cfg = Config(sft=SftConfig(use_embeddings=False, augmentations=[], chains_per_server=2))
     wh = tmp_warehouse
-    sft_stages.ingest(cfg, wh, "r", mcp=[time_server])
-    sft_stages.build_graphs(cfg, wh, "r")
-    chains, _ = sft_stages.sample_chains(cfg, wh, "r", seed=0)
-    task_ids, _ = sft_stages.synthesize_tasks(cfg, wh, "r", chains, seed=0)
-    _, counts = sft_stages.run_trajectories(cfg, wh, "r", task_ids, seed=0)
+    run_stage(sft_stages.ingest, cfg, wh, "r", mcp=[time_server])
+    run_stage(sft_stages.build_graphs, cfg, wh, "r")
+    chains, _ = run_stage(sft_stages.sample_chains, cfg, wh, "r", seed=0)
+    task_ids, _ = run_stage(sft_stages.synthesize_tasks, cfg, wh, "r", chains, seed=0)
+    _, counts = run_stage(sft_stages.run_trajectories, cfg, wh, "r", task_ids, seed=0)
     trajectories = wh.load(Trajectory)
     assert counts["trajectories"] == len(task_ids) > 0 and counts["faults_injected"] == 0
     assert {t.executor for t in trajectories} == {"mcp"} and {t.fault_rate for t in trajectories} == {0.0}

@@ -13,9 +13,10 @@ import pytest
 
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import FunctionDoc, Tool
+from arenaforge.tasks.sft import chains, tool_graph
 from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.tasks.sft import tool_graph
 from arenaforge.tasks.sft.ingest_tools import ingest_paths
+from tests.support.models import run_stage
 
 SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
 
@@ -53,7 +54,7 @@ def test_embedding_similarity_links_related_names_but_never_different_ids():
         "town": {"type": "string"}, "cart_id": {"type": "string"}}})
     b = tool("forecast", {"city": {"type": "string"}}, None)
     c = tool("pay", {"order_id": {"type": "string"}}, None)
-    edges = tool_graph.dataflow_edges([a, b, c], threshold=0.6, similarity=tool_graph._embedding_similarity)
+    edges = tool_graph.dataflow_edges([a, b, c], threshold=0.6, similarity=tool_graph.embedding_similarity)
     assert _pairs(edges) == {("locate", "forecast")}
     assert "embedding" in edges[0].evidence
 
@@ -91,16 +92,16 @@ def test_edges_and_uses_persist_and_feed_back(tmp_warehouse, corpus):
     servers, tools = corpus
     tmp_warehouse.upsert([*servers.values(), *[t for ts in tools.values() for t in ts]])
     cfg = Config(sft=SftConfig(use_embeddings=False, chains_per_server=6))
-    counts = sft_stages.build_graphs(cfg, tmp_warehouse, "run-g")
+    counts = run_stage(sft_stages.build_graphs, cfg, tmp_warehouse, "run-g")
     assert counts["servers"] == 4 and counts["edges"] >= 6
     _, rows = tmp_warehouse.query("SELECT src, dst, uses, origin FROM graph_edges WHERE server = 'shop' ORDER BY 1, 2")
     assert ("checkout", "track_order", 0, "dataflow") in rows
     tool_graph.record_uses(tmp_warehouse, [("shop", "checkout", "track_order")] * 3)
-    sft_stages.build_graphs(cfg, tmp_warehouse, "run-g2")  # rebuilding keeps what was walked
+    run_stage(sft_stages.build_graphs, cfg, tmp_warehouse, "run-g2")  # rebuilding keeps what was walked
     _, rows = tmp_warehouse.query("SELECT uses FROM graph_edges WHERE server='shop' AND src='checkout' AND dst='track_order'")
     assert rows == [(3,)]
-    ids, c = sft_stages.sample_chains(cfg, tmp_warehouse, "run-g3", seed=3)
-    again, _ = sft_stages.sample_chains(cfg, tmp_warehouse, "run-g4", seed=3)
+    ids, c = run_stage(sft_stages.sample_chains, cfg, tmp_warehouse, "run-g3", seed=3)
+    again, _ = run_stage(sft_stages.sample_chains, cfg, tmp_warehouse, "run-g4", seed=3)
     assert ids == again and c["verified_chains"] == len(ids) > 0 and c["chains"] >= c["verified_chains"]
     _, rows = tmp_warehouse.query("SELECT count(*) FROM v_tool_chains WHERE NOT verified")
     _, rej = tmp_warehouse.query("SELECT count(*) FROM rejections WHERE record->>'reason' = 'chain_unverified'")
@@ -122,10 +123,10 @@ def test_openai_graph_proposes_and_verifies_with_votes_and_back_translation(scri
     scripted_openai.responder = responder
     cfg = Config(model=ModelConfig(backend="openai", base_url=scripted_openai.url, model="scripted", cache=False),
                  sft=SftConfig(use_embeddings=False, verify_votes=3))
-    from arenaforge.tasks.models import chat_model
+    from tests.support.models import http_model as chat_model
 
     with chat_model(cfg.model) as model:
-        proposer, verifier = tool_graph.graph_backends(cfg, model)
+        proposer, verifier = chains.EdgeProposer(cfg.sft, model), chains.ChainVerifier(cfg.sft, model)
         edges, rejections = asyncio.run(proposer.propose(servers["weather"], tools["weather"]))
         assert rejections == []
         pairs = {(e.src, e.dst): e.origin for e in edges}
@@ -137,6 +138,6 @@ def test_openai_graph_proposes_and_verifies_with_votes_and_back_translation(scri
         assert ok and reasons == []
         responder.reject_chains = True
         ok, reasons = asyncio.run(verifier.verify(servers["weather"], [by["geocode_city"], by["get_forecast"]], g, tools["weather"]))
-        assert not ok and "majority vote" in reasons[0]
+        assert not ok and reasons == ["each input comes from the user or an earlier output"]  # the judges' reason
     steps = Counter(r["response_format"]["json_schema"]["name"] for r in scripted_openai.chat_requests())
-    assert steps == {"propose_chains": 1, "verify_chain": 6, "chain_to_query": 1, "query_to_chain": 1}
+    assert steps == {"sft_propose_chains": 1, "sft_verify_chain": 6, "sft_chain_to_query": 1, "sft_query_to_chain": 1}

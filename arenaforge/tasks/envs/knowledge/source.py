@@ -1,4 +1,4 @@
-"""Knowledge sources for the RL track: tables in an in-memory DuckDB, profiled for QA synthesis.
+"""A knowledge source: tables in an in-memory DuckDB, profiled for QA synthesis.
 
 A source is a set of tables (CSV, Parquet, JSON or JSON-lines files, τ²-bench retail's
 `db.json` flattened, or a text corpus turned into passages + per-domain fact tables). Loading
@@ -13,19 +13,18 @@ table's key). What cannot be used becomes a `Rejection` row, never a silent drop
   long_text_column     a text column whose values are too long to be answers
   no_key_column        a table without a unique, non-null column (unusable)
 
-The source's DuckDB connection is private to the caller's thread; every sub-answer the
-offline generator produces is the result of a query on it (the SQL is kept as evidence).
+The source's DuckDB connection is private to the caller's thread (other threads get cursors);
+every grounded sub-answer is the result of a query on it. Source kinds (sample, tau2_retail, astra,
+table files) are one module each in this package (see `__init__.py`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 import unicodedata
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,7 @@ import duckdb
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Rejection
 
-SAMPLE_DIR = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_source")))
-_READERS = {".csv": "read_csv_auto", ".parquet": "read_parquet", ".json": "read_json_auto", ".jsonl": "read_json_auto",
+READERS = {".csv": "read_csv_auto", ".parquet": "read_parquet", ".json": "read_json_auto", ".jsonl": "read_json_auto",
             ".ndjson": "read_json_auto"}
 _NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "DOUBLE", "FLOAT", "DECIMAL", "REAL", "UBIGINT",
             "UINTEGER", "USMALLINT", "UTINYINT")
@@ -73,7 +71,7 @@ class Link:
     ref_key: str
 
 
-@dataclass
+@dataclass(eq=False)  # one loaded source is one object: hashable by identity, so caches can be keyed by it
 class KnowledgeSource:
     name: str
     con: duckdb.DuckDBPyConnection
@@ -85,6 +83,8 @@ class KnowledgeSource:
     _cursors: threading.local = field(default_factory=threading.local, repr=False)
 
     _memo: dict[tuple[str, tuple[Any, ...]], list[tuple[Any, ...]]] = field(default_factory=dict, repr=False)
+    # data derived from the source by a stage (e.g. a table's rows indexed for tool data), kept with the source
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     MEMO_SIZE = 8192
 
@@ -275,12 +275,12 @@ def _table_name(path: Path) -> str:
     return re.sub(r"\W+", "_", ascii_stem).strip("_").lower() or "table"
 
 
-def load_tables(name: str, paths: list[str | Path], **profile_kw: Any) -> KnowledgeSource:
+def from_files(name: str, paths: list[str | Path], **profile_kw: Any) -> KnowledgeSource:
     """A source from table files (CSV, Parquet, JSON array or JSON-lines), one table per file."""
     source = _new(name)
     for raw in paths:
         path = Path(raw)
-        reader = _READERS.get(path.suffix.lower())
+        reader = READERS.get(path.suffix.lower())
         if reader is None or not path.is_file():
             source.close()
             raise InputError(f"cannot load knowledge table {path}: not a CSV/Parquet/JSON file")
@@ -292,55 +292,7 @@ def load_tables(name: str, paths: list[str | Path], **profile_kw: Any) -> Knowle
     return profile(source, **profile_kw)
 
 
-def load_sample(**profile_kw: Any) -> KnowledgeSource:
-    """The project's own small shop source (arenaforge/tasks/data/sample_source)."""
-    files = sorted(p for p in SAMPLE_DIR.iterdir() if p.suffix in _READERS)
-    return load_tables("sample_shop", files, **profile_kw)
-
-
-def load_tau2_retail(db_json: str | Path, **profile_kw: Any) -> KnowledgeSource:
-    """τ²-bench retail `db.json` flattened into products, variants, users, payment_methods, orders, order_items."""
-    path = Path(db_json)
-    if path.is_dir():
-        path = path / "db.json"
-    if not path.is_file():
-        raise InputError(f"no tau2 retail db.json at {path}")
-    db = json.loads(path.read_text())
-    tables: dict[str, list[dict[str, Any]]] = {k: [] for k in
-                                               ("products", "variants", "users", "payment_methods", "orders", "order_items")}
-    for p in db.get("products", {}).values():
-        tables["products"].append({"product_id": p["product_id"], "name": p["name"], "variant_count": len(p.get("variants", {}))})
-        for v in p.get("variants", {}).values():
-            opts = v.get("options", {})
-            tables["variants"].append({
-                "item_id": v["item_id"], "product_id": p["product_id"], "price": v.get("price"),
-                "available": bool(v.get("available")),
-                "options": ", ".join(f"{k} {val}" for k, val in sorted(opts.items())),
-                "color": opts.get("color"), "size": opts.get("size"), "material": opts.get("material")})
-    for u in db.get("users", {}).values():
-        addr = u.get("address", {})
-        tables["users"].append({
-            "user_id": u["user_id"], "first_name": u["name"]["first_name"], "last_name": u["name"]["last_name"],
-            "email": u.get("email"), "city": addr.get("city"), "state": addr.get("state"), "zip": addr.get("zip"),
-            "country": addr.get("country"), "order_count": len(u.get("orders", []))})
-        for pm in u.get("payment_methods", {}).values():
-            tables["payment_methods"].append({"payment_method_id": pm["id"], "user_id": u["user_id"], "source": pm.get("source"),
-                                              "brand": pm.get("brand"), "last_four": pm.get("last_four"), "balance": pm.get("balance")})
-    line = 0
-    for o in db.get("orders", {}).values():
-        addr = o.get("address", {})
-        pay = sum(h.get("amount", 0) for h in o.get("payment_history", []) if h.get("transaction_type") == "payment")
-        tables["orders"].append({"order_id": o["order_id"], "user_id": o["user_id"], "status": o.get("status"),
-                                 "city": addr.get("city"), "state": addr.get("state"), "zip": addr.get("zip"),
-                                 "item_count": len(o.get("items", [])), "amount_paid": round(pay, 2)})
-        for it in o.get("items", []):
-            line += 1
-            tables["order_items"].append({"line_id": f"L{line:05d}", "order_id": o["order_id"], "item_id": it["item_id"],
-                                          "product_id": it["product_id"], "name": it.get("name"), "price": it.get("price")})
-    return load_records("tau2_retail", tables, **profile_kw)
-
-
-def load_records(name: str, tables: dict[str, list[dict[str, Any]]], **profile_kw: Any) -> KnowledgeSource:
+def from_records(name: str, tables: dict[str, list[dict[str, Any]]], **profile_kw: Any) -> KnowledgeSource:
     """A source from in-memory rows (one list of dicts per table), via Arrow."""
     import pyarrow as pa
 
@@ -353,77 +305,3 @@ def load_records(name: str, tables: dict[str, list[dict[str, Any]]], **profile_k
         source.con.execute(f'CREATE TABLE "{table}" AS SELECT * FROM _rows')
         source.con.unregister("_rows")
     return profile(source, **profile_kw)
-
-
-_SECTION = re.compile(r"Known Infomation:|Known Information:", re.IGNORECASE)
-_FACT = re.compile(r"([A-Z][A-Za-z /]{1,40}?):\s*([^.:;]{1,80}?)(?:\.\s|\.$|;|$)")
-
-
-def load_text_corpus(path: str | Path, limit: int | None = 400, questions: str | Path | None = None,
-                     **profile_kw: Any) -> KnowledgeSource:
-    """ASTRA knowledge contexts (`context.jsonl`) as `passages` plus one fact table per domain.
-
-    Each context's "Known Information" part is split into `Key: value` facts; a domain's facts
-    are pivoted into a table `<domain>_facts` (doc_id -> one column per fact key), whose
-    `doc_id` links back to `passages`. Keys most documents lack become NULL-heavy columns and
-    are rejected by profiling like any other.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "context.jsonl"
-    if not path.is_file():
-        raise InputError(f"no knowledge corpus at {path}")
-    passages: list[dict[str, Any]] = []
-    facts: dict[str, list[dict[str, Any]]] = {}
-    with path.open() as fh:
-        for i, line in enumerate(fh):
-            if limit is not None and i >= limit:
-                break
-            rec = json.loads(line)
-            doc_id = f"DOC{i:05d}"
-            domain = re.sub(r"\W+", "_", str(rec.get("domain", "general")).lower()).strip("_") or "general"
-            text = str(rec.get("knowledge_corpus", ""))
-            passages.append({"doc_id": doc_id, "domain": domain, "text": text[:2000]})
-            known = _SECTION.split(text, maxsplit=1)
-            if len(known) < 2:
-                continue
-            body = known[1].split("Information Needed")[0]
-            row: dict[str, Any] = {"doc_id": doc_id}
-            for key, value in _FACT.findall(body):
-                col = re.sub(r"\W+", "_", key.strip().lower()).strip("_")
-                if col and col != "doc_id" and col not in row:
-                    row[col] = value.strip()
-            if len(row) > 1:
-                facts.setdefault(domain, []).append(row)
-    tables: dict[str, list[dict[str, Any]]] = {"passages": passages}
-    for domain, rows in facts.items():
-        keys = sorted({k for r in rows for k in r})
-        tables[f"{domain}_facts"] = [{k: r.get(k) for k in keys} for r in rows]
-    source = load_records("astra_knowledge", tables, **profile_kw)
-    if questions is not None and Path(questions).is_file():
-        with Path(questions).open() as fh:
-            source.seed_questions = [json.loads(line)["question"] for line in fh if line.strip()]
-    return source
-
-
-def default_shared_data() -> Path:
-    """Where the third-party data folder is looked for: $ARENAFORGE_SHARED_DATA, else ../shared/data."""
-    return Path(os.environ.get("ARENAFORGE_SHARED_DATA") or Path.cwd().parent / "shared" / "data")
-
-
-def load_source(spec: str, shared_data: str | Path | None = None, **profile_kw: Any) -> KnowledgeSource:
-    """A source by name: `sample`, `tau2_retail`, `astra` (needs shared data), or a file/dir of tables."""
-    shared = Path(shared_data) if shared_data else default_shared_data()
-    if spec == "sample":
-        return load_sample(**profile_kw)
-    if spec == "tau2_retail":
-        return load_tau2_retail(shared / "tau2_retail" / "db.json", **profile_kw)
-    if spec == "astra":
-        base = shared / "astra_knowledge" / "en"
-        return load_text_corpus(base / "context.jsonl", questions=base / "questions.jsonl", **profile_kw)
-    path = Path(spec)
-    if path.is_dir():
-        return load_tables(path.name, sorted(p for p in path.iterdir() if p.suffix.lower() in _READERS), **profile_kw)
-    if path.is_file():
-        return load_tables(path.stem, [path], **profile_kw)
-    raise InputError(f"unknown knowledge source {spec!r}: use sample, tau2_retail, astra or a path to table files")

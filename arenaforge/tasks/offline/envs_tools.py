@@ -1,0 +1,128 @@
+"""Offline answers of `envs.tool_doc`, `envs.augment_tool` and `envs.implement_tool`: template tools.
+
+The sub-QA's evidence names the operation (lookup / count / sum) and the step hands over the data the
+tool will hold (from the source, `tasks/envs/tool_data.py`); the tool's document and code come from a
+template for that operation and layout. The template document already carries its optional parameters,
+so the augmentation answer is the same document.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+from arenaforge.tasks.envs.answers import entity, human
+from arenaforge.tasks.envs.build_tools import ToolInputs
+from arenaforge.tasks.envs.tool_data import typed
+from arenaforge.tasks.envs.tool_impl import DATA_VAR
+from arenaforge.tasks.models import ChatRequest
+from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+
+_MAX_NAME = 64
+
+
+def _tool_name(*parts: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9_]+", "_", "_".join(parts)).strip("_").lower()[:_MAX_NAME]
+
+
+def _article(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
+def _doc(inputs: ToolInputs) -> dict[str, Any]:
+    data = inputs.data
+    ev = data.evidence
+    table, key, ktype = ev.table or "", ev.key or "", data.key_type
+    if ev.kind == "lookup":
+        column = ev.column or ""
+        return {"name": _tool_name("get", entity(table), column),
+                "description": f"Look up the {human(column)} of {_article(entity(table))} by its {human(key)}. "
+                               f"Optionally return more fields of the record.",
+                "parameters": {"type": "object", "properties": {
+                    key: {"type": ktype, "description": f"The {human(key)} of the {entity(table)}."},
+                    "fields": {"type": "array", "items": {"type": "string", "enum": data.extras or [column]},
+                               "description": "Extra fields of the record to include (default none)."}},
+                    "required": [key]}}
+    if ev.kind == "count":
+        flt = data.filter_column
+        props: dict[str, Any] = {key: {"type": ktype, "description": f"Count {human(table)} with this {human(key)}."}}
+        if flt:
+            options = sorted({str(r[flt]) for r in data.data if r.get(flt) is not None}) or ["any"]
+            props[flt] = {"type": "string", "enum": options, "description": f"Only count rows with this {human(flt)}."}
+        return {"name": _tool_name("count", table, "by", key),
+                "description": f"Count the {human(table)} that have a given {human(key)}"
+                               + (f", optionally only those with a given {human(flt)}." if flt else "."),
+                "parameters": {"type": "object", "properties": props, "required": [key]}}
+    column = ev.column or ""
+    return {"name": _tool_name("total", column, "of", table, "by", key),
+            "description": f"Sum the {human(column)} over the {human(table)} with a given {human(key)}.",
+            "parameters": {"type": "object", "properties": {
+                key: {"type": ktype, "description": f"The {human(key)} to total over."},
+                "decimals": {"type": "integer", "minimum": 0, "maximum": 4,
+                             "description": "Decimal places of the result (default 2)."}},
+                "required": [key]}}
+
+
+def _code(inputs: ToolInputs, name: str) -> str:
+    ev = inputs.data.evidence
+    table, key = ev.table or "", ev.key or ""
+    if ev.kind == "lookup":
+        column = ev.column or ""
+        return f'''
+def {name}({key}, fields=None):
+    """Return the {human(column)} of the {entity(table)} with the given {human(key)}."""
+    rows = {DATA_VAR}["{name}"]
+    row = rows.get(str({key}).strip())
+    if row is None:
+        raise ValueError("no {entity(table)} with {human(key)} " + repr({key}))
+    out = {{"{column}": row["{column}"]}}
+    for extra in fields or []:
+        if extra not in row or extra == "{column}":
+            raise ValueError("unknown field " + repr(extra))
+        out[extra] = row[extra]
+    return out
+'''
+    if ev.kind == "count":
+        flt = inputs.data.filter_column
+        filt_sig = f", {flt}=None" if flt else ""
+        filt_line = f"        if {flt} is not None and str(row.get(\"{flt}\")) != str({flt}):\n            continue\n" if flt else ""
+        return f'''
+def {name}({key}{filt_sig}):
+    """Count the {human(table)} whose {human(key)} is the given value."""
+    count = 0
+    for row in {DATA_VAR}["{name}"]:
+        if row["{key}"] != str({key}).strip():
+            continue
+{filt_line}        count += 1
+    return {{"count": count}}
+'''
+    column = ev.column or ""
+    return f'''
+def {name}({key}, decimals=2):
+    """Total {human(column)} of the {human(table)} whose {human(key)} is the given value."""
+    rows = [r for r in {DATA_VAR}["{name}"] if r["{key}"] == str({key}).strip()]
+    if not rows:
+        raise ValueError("no {human(table)} with {human(key)} " + repr({key}))
+    return {{"total_{column}": round(sum(float(r["{column}"] or 0) for r in rows), int(decimals))}}
+'''
+
+
+@generator("envs.tool_doc")
+def tool_doc(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    return _doc(request.inputs)
+
+
+@generator("envs.augment_tool")
+def augment_tool(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    return _doc(request.inputs)  # the template's optional parameters are its added complexity
+
+
+@generator("envs.implement_tool")
+def implement_tool(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    inputs: ToolInputs = request.inputs
+    doc = _doc(inputs)
+    ev = inputs.data.evidence
+    return {"code": textwrap.dedent(_code(inputs, doc["name"])),
+            "call": {"arguments": {ev.key: typed(ev.value, inputs.data.key_type)}}}

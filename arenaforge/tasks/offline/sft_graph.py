@@ -1,0 +1,45 @@
+"""Offline answers of the tool-graph steps: `sft.propose_chains`, `sft.verify_chain`, and the
+back-translation pair `sft.chain_to_query` / `sft.query_to_chain`.
+
+The offline provider proposes no chains of its own (a server's edges are its data-flow edges). Its chain
+judges accept a chain when every required parameter is satisfiable from the task, a user-known value or an
+earlier call's output (`tool_graph.satisfiable`). Back-translation writes the chain's query from the tools'
+purposes, as the offline query writer does, and plans it back by finding those purposes in the query.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from arenaforge.tasks.models import ChatRequest
+from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.offline.sft_agent import plan_from_query
+from arenaforge.tasks.offline.sft_queries import compose, user_values
+from arenaforge.tasks.sft.chains import ChainInputs, PlanInputs
+from arenaforge.tasks.sft.tool_graph import satisfiable
+
+
+@generator("sft.propose_chains")
+def propose_chains(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    return {"chains": []}
+
+
+@generator("sft.verify_chain")
+def verify_chain(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    inputs: ChainInputs = request.inputs
+    reasons = satisfiable(inputs.chain, inputs.graph)
+    return {"valid": not reasons, "reasons": reasons}
+
+
+@generator("sft.chain_to_query")
+def chain_to_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    inputs: ChainInputs = request.inputs
+    rng = random.Random("/".join(t.function.name for t in inputs.chain))  # its own stream: verification draws nothing
+    return {"query": compose(inputs.chain, user_values(inputs.chain, rng), rng, style=None)}
+
+
+@generator("sft.query_to_chain")
+def query_to_chain(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    inputs: PlanInputs = request.inputs
+    return {"tools": [t.function.name for t in plan_from_query(inputs.query, inputs.tools)]}

@@ -1,0 +1,81 @@
+"""What the stages of one flow run share: config, warehouse, run id, the ChatModel, the sandbox pool and the
+knowledge sources.
+
+A flow opens one `RunScope` (`open_run_scope`) in its event loop and hands it to every stage, so the
+stages of a run share one model (one HTTP session, one concurrency budget per endpoint), one warm
+sandbox pool started on first use, and each knowledge source loaded once. All are closed when the
+scope exits: the model's cache and usage rows flushed, the pool's workers stopped, the sources closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from arenaforge.schemas.base import Provenance
+from arenaforge.schemas.config import Config
+from arenaforge.tasks.models import ChatModel, open_chat_model
+from arenaforge.warehouse.db import Warehouse
+
+
+@dataclass
+class RunScope:
+    cfg: Config
+    wh: Warehouse
+    run_id: str | None
+    model: ChatModel
+    _pool: Any = field(default=None, repr=False)
+    _own_pool: bool = field(default=False, repr=False)
+    _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _sources: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
+
+    async def sandbox(self) -> Any:
+        """The run's sandbox pool (started on first use, shared by every stage of the run)."""
+        async with self._pool_lock:
+            if self._pool is None:
+                from arenaforge.environments.runtime import create_pool
+
+                self._pool = await create_pool(self.cfg.sandbox)
+                self._own_pool = True
+        return self._pool
+
+    def use_sandbox(self, pool: Any) -> None:
+        """Run the stages on a pool the caller owns (and shuts down)."""
+        self._pool, self._own_pool = pool, False
+
+    def knowledge(self, names: Sequence[str], shared_data: str | None = None) -> dict[str, Any]:
+        """Knowledge sources by name, loaded once per run and shared by its stages (a big one takes seconds)."""
+        from arenaforge.tasks.envs.knowledge import load_source
+
+        out = {}
+        for name in names:
+            key = (name, shared_data)
+            if key not in self._sources:
+                self._sources[key] = load_source(name, shared_data=shared_data)
+            source = self._sources[key]
+            out[source.name] = source
+        return out
+
+    def provenance(self, seed: int | None = None, prompt_hash: str | None = None) -> Provenance:
+        return Provenance(backend=self.model.kind, model=self.model.name, seed=seed, prompt_hash=prompt_hash)
+
+    async def close(self) -> None:
+        sources, self._sources = self._sources, {}
+        for source in sources.values():
+            source.close()
+        pool, self._pool = self._pool, None
+        if pool is not None and self._own_pool:
+            await pool.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def open_run_scope(cfg: Config, wh: Warehouse, run_id: str | None) -> AsyncIterator[RunScope]:
+    async with open_chat_model(cfg.model, wh, run_id) as model:
+        scope = RunScope(cfg, wh, run_id, model)
+        try:
+            yield scope
+        finally:
+            await scope.close()

@@ -1,0 +1,49 @@
+"""Typed reads the stages make by purpose (the SQL lives here, not in the stages)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+from arenaforge.schemas.base import Record
+from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.models import Server, Tool
+from arenaforge.warehouse.db import Warehouse
+
+R = TypeVar("R", bound=Record)
+
+
+def by_ids(wh: Warehouse, model: type[R], ids: Sequence[str]) -> list[R]:
+    """The records of `model` with these ids, ordered by id (missing ids are skipped)."""
+    if not ids:
+        return []
+    _, rows = wh.query(f"SELECT record FROM {model.TABLE} WHERE list_contains(?, id) ORDER BY id", [list(ids)])
+    return [model.model_validate_json(r[0]) for r in rows]
+
+
+def servers_with_tools(wh: Warehouse, names: Sequence[str] | None = None) -> tuple[list[Server], dict[str, list[Tool]]]:
+    """Servers (latest record per name) and their tools by server, sorted by tool name; unknown names are an error."""
+    name_filter = "WHERE list_contains(?, record->>'name')" if names else ""
+    _, rows = wh.query(f"SELECT record FROM servers {name_filter} ORDER BY created_at, id", [list(names)] if names else [])
+    servers: dict[str, Server] = {}
+    for (raw,) in rows:
+        server = Server.model_validate_json(raw)
+        servers[server.name] = server
+    if names:
+        missing = sorted(set(names) - set(servers))
+        if missing:
+            raise InputError(f"unknown server(s): {', '.join(missing)}; see `arenaforge db show v_servers`")
+    tool_filter = "WHERE list_contains(?, record->>'server')" if names else ""
+    _, rows = wh.query(f"SELECT record FROM tools {tool_filter} ORDER BY created_at, id", [list(names)] if names else [])
+    tools: dict[str, dict[str, Tool]] = {n: {} for n in servers}
+    for (raw,) in rows:
+        tool = Tool.model_validate_json(raw)
+        if tool.server in servers and tool.function.name in servers[tool.server].tool_names:
+            tools[tool.server][tool.function.name] = tool
+    return list(servers.values()), {n: [ts[k] for k in sorted(ts)] for n, ts in tools.items()}
+
+
+def cached_responses(wh: Warehouse, model: str) -> dict[str, str]:
+    """The response cache of one model: request key -> response JSON."""
+    _, rows = wh.query("SELECT key, response FROM llm_cache WHERE model = ?", [model])
+    return {key: response for key, response in rows}

@@ -1,0 +1,40 @@
+"""The two providers as sync tests use them (each test drives its own event loops with asyncio.run)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from arenaforge.schemas.config import Config, ModelConfig
+from arenaforge.tasks.models import OpenAICompatibleModel
+from arenaforge.tasks.models.providers.offline import OfflineModel
+from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.warehouse import Warehouse
+
+
+@contextlib.contextmanager
+def http_model(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
+               ) -> Iterator[OpenAICompatibleModel]:
+    """The OpenAI-compatible provider; its cache and usage rows are flushed when the block exits."""
+    model = OpenAICompatibleModel(cfg, wh, run_id)
+    try:
+        yield model
+    finally:
+        model.close()
+
+
+def offline_model() -> OfflineModel:
+    return OfflineModel()
+
+
+def run_stage(stage: Callable[..., Awaitable[Any]], cfg: Config, wh: Warehouse, run_id: str | None,
+              *args: Any, **kwargs: Any) -> Any:
+    """One stage coroutine run the way a flow runs it: in its own loop, over a fresh run scope."""
+
+    async def go() -> Any:
+        async with open_run_scope(cfg, wh, run_id) as scope:
+            return await stage(scope, *args, **kwargs)
+
+    return asyncio.run(go())
