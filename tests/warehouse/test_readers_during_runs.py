@@ -86,16 +86,18 @@ def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_se
     proc = subprocess.Popen(_synth(db, "--n", "12", "--batch-size", "4", "--seed", "7"), cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     frozen = False
+    seen_lines: list[str] = []
     try:
         deadline = time.monotonic() + 900
         assert proc.stdout is not None
         for line in proc.stdout:  # the first batch of environments is committed: freeze the run there
+            seen_lines.append(line)
             if "build-environments" in line and "Finished in state Completed" in line:
                 os.killpg(proc.pid, signal.SIGSTOP)
                 frozen = True
                 break
             assert time.monotonic() < deadline, "no batch of environments finished"
-        assert frozen, "the run ended before its first batch of environments finished"
+        assert frozen, "the run ended before its first batch of environments finished: " + "".join(seen_lines)[-3000:]
         # The one-line command a user runs, as printed above, with a query appended.
         query = subprocess.run([*_shell_words(printed.stdout), "-csv", "-noheader", "-c",
                                 "SELECT count(*), count(*) FILTER (WHERE verified) FROM v_environments"],
