@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 bash scripts/setup.sh
+bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
 if [ "$(id -u)" = 0 ]; then
   bash scripts/system-deps.sh
 fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,114 @@ def test_the_rules_see_a_violation(tmp_path):
     bad.write_text("from arenaforge.warehouse.db import Warehouse\nimport duckdb\n")
     assert _imports(bad) & LAYERS - ALLOWED["schemas"] == {"warehouse"}
     assert _imports(bad) & FORBIDDEN_THIRD_PARTY["schemas"] == {"duckdb"}
+
+
+# Which provider answers is decided once, when the run's model is built (tasks/models/providers/): no step
+# compares a backend or provider name, and no module keeps a dict keyed by them.
+_PROVIDER_NAMES = {"offline", "openai"}
+_MAY_NAME_PROVIDERS = {"tasks/models/providers", "schemas/config.py", "schemas/base.py", "flows"}
+
+
+def _provider_branches(path: Path) -> list[str]:
+    """`x == "offline"`-style comparisons and dict literals keyed by provider names in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
+            attrs = [n.attr for n in (node.left, *node.comparators) if isinstance(n, ast.Attribute)]
+            if _PROVIDER_NAMES & set(names) and {"backend", "kind"} & set(attrs):
+                found.append(f"line {node.lineno}: compares {attrs[0]} with {names[0]!r}")
+        if isinstance(node, ast.Dict):
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            if len(_PROVIDER_NAMES & keys) == 2:
+                found.append(f"line {node.lineno}: a dict keyed by provider names")
+    return found
+
+
+def test_no_step_branches_on_the_provider():
+    bad = []
+    for path in _modules("tasks") + _modules("environments"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel.startswith("tasks/benchmarks/") or any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
+            continue
+        bad += [f"{rel} {what}" for what in _provider_branches(path)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_provider_rule_sees_a_branch(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if cfg.model.backend == "offline":\n    pass\nSTEPS = {"offline": 1, "openai": 2}\n')
+    assert len(_provider_branches(bad)) == 2
+
+
+def _event_loop_starts(path: Path) -> list[int]:
+    """Lines that start an event loop (`asyncio.run`) outside an `if __name__ == "__main__":` block."""
+    tree = ast.parse(path.read_text())
+    guarded = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            guarded |= {id(n) for n in ast.walk(node)}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "asyncio.run" and id(node) not in guarded]
+
+
+def test_event_loops_start_only_at_entry_points():
+    # tasks/ and environments/ are async at their core: a loop belongs to the CLI or the flow run that calls them
+    bad = [f"{path.relative_to(PACKAGE)}:{line}" for path in _modules("tasks") + _modules("environments")
+           for line in _event_loop_starts(path)]
+    assert not bad, "asyncio.run under tasks/ or environments/: " + ", ".join(bad)
+
+
+def test_the_event_loop_rule_sees_a_start(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import asyncio\nasyncio.run(main())\nif __name__ == '__main__':\n    asyncio.run(main())\n")
+    assert _event_loop_starts(bad) == [2]
+
+
+# SQL statements are the warehouse's: new SQL goes in arenaforge/warehouse/ as typed functions. The exceptions
+# query something that is not the warehouse, or measure it raw:
+_MAY_HOLD_SQL = {
+    "warehouse/": "the warehouse itself",
+    "tasks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
+    "tasks/envs/grounding.py": "checks a QA's evidence against the knowledge source with parameterised queries",
+    "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
+    "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
+    "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
+}
+_SQL_STATEMENT = re.compile(
+    r"\s*(WITH\b.*\bSELECT\b|SELECT\b.*\bFROM\b|INSERT\s+(OR\s+\w+\s+)?INTO\b|UPDATE\s+\S+\s+SET\b|DELETE\s+FROM\b"
+    r"|CREATE\s+(OR\s+REPLACE\s+)?(TEMP\w*\s+)?(TABLE|VIEW|INDEX|MACRO|SEQUENCE|SCHEMA|TYPE)\b)", re.S)
+
+
+def _sql_statements(path: Path) -> list[int]:
+    """Lines of string literals (f-strings with their holes) that start like an SQL statement."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        else:
+            continue
+        if _SQL_STATEMENT.match(text):
+            found.add(node.lineno)
+    return sorted(found)
+
+
+def test_sql_lives_in_the_warehouse():
+    stale = [p for p in _MAY_HOLD_SQL if not (PACKAGE / p).exists()]
+    assert not stale, f"exceptions naming nothing: {stale}"
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if any(rel.startswith(allowed) for allowed in _MAY_HOLD_SQL):
+            continue
+        bad += [f"{rel}:{line}" for line in _sql_statements(path)]
+    assert not bad, "SQL outside arenaforge/warehouse/ (make it a typed function there): " + ", ".join(bad)
+
+
+def test_the_sql_rule_sees_a_statement(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('con.execute(f"SELECT * FROM {t} WHERE id = ?")\n"""Select the tool from the list."""\n'
+                   'q = ("DELETE FROM runs "\n     "WHERE id = ?")\nCREATE = "CREATE TABLE x (a INT)"\n')
+    assert _sql_statements(bad) == [1, 3, 5]

@@ -1,6 +1,7 @@
 """The `arenaforge` command line: a root app with one sub-app per capability.
 
-Errors a user can fix (`ArenaforgeError`) print as one line on stderr with exit code 2;
+Errors a user can fix (`ArenaforgeError`) print as one line on stderr with exit code 2 (3 when a run
+produced nothing because a service it needs failed: `arenaforge.flows.outcome.InfrastructureFailed`);
 anything else is a bug and keeps its traceback.
 """
 
@@ -86,7 +87,7 @@ def main() -> None:
         app()
     except ArenaforgeError as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        sys.exit(getattr(err, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ One deployment per `arenaforge.flows.registry.FLOWS` entry, named after the entr
     defaults, descriptions and server-side validation: `enforce_parameter_schema=True`);
   - schedules from `prefect.schedules` in arenaforge.toml (cron or interval, optional
     timezone/parameters/active); pause and resume them in the UI's deployment page;
-  - the deployment's working directory = the repo (local source, nothing pushed or pulled).
+  - the flow named by module path (`arenaforge.flows.sft_flows.ingest`): the installed package is
+    the code, whether a checkout or a wheel; nothing is pushed or pulled;
+  - the deployment's working directory = the user's project directory, so relative paths in
+    parameters (and the default `./out`) resolve there, never in the install directory.
 Requires the caller to have pointed PREFECT_API_URL at the server (see `arenaforge.flows.serve.Stack`).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -81,33 +85,42 @@ def build_schedules(name: str, spec: Mapping[str, Any]) -> list[Any]:
     return [Interval(interval, **common)]
 
 
-def build_deployment(name: str, ref: str, cfg: Config, env: Mapping[str, str] | None = None) -> Any:
+def build_deployment(name: str, ref: str, cfg: Config, env: Mapping[str, str] | None = None,
+                     working_dir: Path | None = None) -> Any:
     """A RunnerDeployment for one registry entry (not yet applied)."""
     from prefect.deployments.runner import EntrypointType, RunnerDeployment
 
-    from arenaforge.flows.serve import REPO_ROOT
+    from arenaforge.flows.serve import project_root
 
+    workdir = str(working_dir or project_root(cfg))
     flow = load_flow_from(ref)
-    schedules = build_schedules(name, cfg.prefect.schedules[name]) if name in cfg.prefect.schedules else None
+    spec = cfg.prefect.schedules.get(name)
+    schedules = build_schedules(name, spec) if spec else None
+    # The schedule's parameters are also the deployment's defaults: prefect 3.8.8's server resets a
+    # schedule's own parameters to {} when its active toggle is flipped (UI pause/resume), and
+    # runs scheduled after a resume would otherwise lose them.
+    defaults = dict(spec.get("parameters") or {}) if spec else None
     module = ref.split(":")[0]
     deployment = RunnerDeployment.from_flow(
         flow,
         name=name,
         schedules=schedules,
+        parameters=defaults,
         tags=["arenaforge", *_DEPLOYMENT_TAGS.get(name, [])],
         description=(inspect.getdoc(flow.fn) or flow.description or f"arenaforge {name}").split("\n\n")[0],
         work_pool_name=cfg.prefect.work_pool,
-        job_variables={"env": dict(env or {}), "working_dir": str(REPO_ROOT)},
+        job_variables={"env": dict(env or {}), "working_dir": workdir},
         enforce_parameter_schema=True,
         entrypoint_type=EntrypointType.MODULE_PATH,
     )
     deployment.entrypoint = f"{module}.{flow.fn.__name__}"
-    deployment._path = str(REPO_ROOT)
+    deployment._path = workdir
     return deployment
 
 
 def apply_deployments(
-    cfg: Config, flows: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None
+    cfg: Config, flows: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+    working_dir: Path | None = None,
 ) -> dict[str, str]:
     """Create or update every deployment; {name: "flow-name/deployment-name"}."""
     flows = registered_flows(flows)
@@ -116,7 +129,7 @@ def apply_deployments(
         raise ConfigError(f"prefect.schedules names unknown deployments {sorted(unknown)}; known: {sorted(flows)}")
     out = {}
     for name, ref in sorted(flows.items()):
-        deployment = build_deployment(name, ref, cfg, env)
+        deployment = build_deployment(name, ref, cfg, env, working_dir)
         deployment.apply()
         out[name] = f"{deployment.flow_name}/{name}"
     return out

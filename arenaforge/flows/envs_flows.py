@@ -17,6 +17,7 @@ from prefect.cache_policies import NONE
 from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
+from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
@@ -51,7 +52,8 @@ async def envs(params: EnvsParams) -> dict[str, int]:
         async with open_run_scope(cfg, wh, run.id) as scope:
             await _stages(scope, params, counts)
         run_summary("envs", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("envs", wh, run.id, counts.get("environments", 0), "environments")
+    return {**counts, "run_id": run.id}
 
 
 async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -> None:

@@ -9,6 +9,10 @@ Owns process lifecycle only. What gets deployed (names, parameters, schedules) l
   2. the process work pool and the global concurrency limits (`model-endpoint`, `sandbox`);
   3. one deployment per entry of `arenaforge.flows.registry.FLOWS`;
   4. a `prefect worker` subprocess that runs flow runs as child processes.
+Flow runs work in the user's project directory (`project_dir` in config, else the directory
+`serve` was started in), never in the install directory: relative paths in run parameters,
+the default `./out` and a relative warehouse path all resolve there. Deployments name their
+flows by module path, so a wheel install works as well as a checkout.
 Server and worker run in their own process groups, so one Ctrl-C in the terminal reaches
 only `arenaforge serve`, which then stops the worker (and its flow runs) before the server.
 Telemetry and analytics are off in every process we start.
@@ -32,8 +36,6 @@ from typing import Any
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ArenaforgeError, ConfigError
 from arenaforge.warehouse import absolute_location
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Everything Prefect could phone home with, off. Set for the server, the worker, flow runs
 # and this process's client.
@@ -74,6 +76,19 @@ def require_api(api_url: str) -> None:
 
 def api_url_for(cfg: Config) -> str:
     return cfg.prefect.api_url or f"http://127.0.0.1:{cfg.prefect.port}/api"
+
+
+def project_root(cfg: Config) -> Path:
+    """The user's project directory: `project_dir` from config (relative to here), else the working directory."""
+    root = Path(cfg.project_dir or ".").expanduser().resolve()
+    if not root.is_dir():
+        raise ConfigError(f"project_dir {root} is not a directory")
+    return root
+
+
+def in_project(cfg: Config, path: str | Path) -> Path:
+    """`path` as flow runs see it: relative paths resolve against the project directory."""
+    return (project_root(cfg) / Path(path).expanduser()).resolve()
 
 
 def _wait(predicate: Any, deadline_s: float, what: str, proc: subprocess.Popen | None = None) -> None:
@@ -137,6 +152,7 @@ class Stack:
     server_proc: subprocess.Popen | None = None
     worker_proc: subprocess.Popen | None = None
     deployments: dict[str, str] = field(default_factory=dict)  # name -> "flow-name/deployment-name"
+    _saved_api_url: str | None = None  # this process's PREFECT_API_URL before start; put back on stop
 
     # ------------------------------------------------------------------ env
     def child_env(self) -> dict[str, str]:
@@ -146,23 +162,26 @@ class Stack:
         env["PREFECT_HOME"] = str(self._home())
         env["PREFECT_API_URL"] = self.api_url
         # Flow runs resolve config exactly as this process did: absolute warehouse, same TOML.
-        env["ARENAFORGE_WAREHOUSE__PATH"] = absolute_location(self.cfg.warehouse.path)
+        project = project_root(self.cfg)
+        env["ARENAFORGE_WAREHOUSE__PATH"] = absolute_location(self.cfg.warehouse.path, project)
         if self.cfg.warehouse.data_path:
-            env["ARENAFORGE_WAREHOUSE__DATA_PATH"] = absolute_location(self.cfg.warehouse.data_path)
+            env["ARENAFORGE_WAREHOUSE__DATA_PATH"] = absolute_location(self.cfg.warehouse.data_path, project)
         env.pop("ARENAFORGE_DB", None)
         if os.environ.get("ARENAFORGE_CONFIG"):
             env["ARENAFORGE_CONFIG"] = str(Path(os.environ["ARENAFORGE_CONFIG"]).resolve())
         elif Path("arenaforge.toml").exists():
             env["ARENAFORGE_CONFIG"] = str(Path("arenaforge.toml").resolve())
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         # Poll often: a UI click should start a run within a couple of seconds.
         env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "2")
         env.setdefault("PREFECT_WORKER_PREFETCH_SECONDS", "5")
         env.update(self.extra_env)
         return env
 
+    def project_dir(self) -> Path:
+        return project_root(self.cfg)
+
     def _home(self) -> Path:
-        return (self.home or Path(self.cfg.prefect.home)).resolve()
+        return in_project(self.cfg, self.home or self.cfg.prefect.home)
 
     def _logs(self) -> Path:
         path = (self.log_dir or self._home() / "logs").resolve()
@@ -189,6 +208,7 @@ class Stack:
             require_api(self.api_url)
         else:
             self._start_server()
+        self._saved_api_url = os.environ.get("PREFECT_API_URL")
         os.environ["PREFECT_API_URL"] = self.api_url  # this process's client talks to it too
         from arenaforge.flows.deployments import apply_deployments, ensure_concurrency_limits, ensure_work_pool
 
@@ -197,14 +217,15 @@ class Stack:
             ensure_concurrency_limits(
                 {"model-endpoint": self.cfg.prefect.model_endpoint_limit, "sandbox": self.cfg.prefect.sandbox_limit}
             )
-            self.deployments = apply_deployments(self.cfg, self.flows, env=self._flow_run_env())
+            self.deployments = apply_deployments(self.cfg, self.flows, env=self._flow_run_env(),
+                                                 working_dir=self.project_dir())
         if self.worker:
             self._start_worker()
 
     def _flow_run_env(self) -> dict[str, str]:
         env = self.child_env()
         keep = [k for k in env if k.startswith(("ARENAFORGE_", "PREFECT_SERVER_ANALYTICS", "DO_NOT_TRACK"))]
-        return {k: env[k] for k in keep + ["PYTHONPATH"]}
+        return {k: env[k] for k in keep + (["PYTHONPATH"] if "PYTHONPATH" in env else [])}
 
     @contextlib.contextmanager
     def client_settings(self) -> Iterator[None]:
@@ -248,7 +269,7 @@ class Stack:
                 "--limit", str(self.cfg.prefect.worker_limit), "--name", "arenaforge-worker",
             ],
             env=self.child_env(),
-            cwd=str(REPO_ROOT),
+            cwd=str(self.project_dir()),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -269,6 +290,12 @@ class Stack:
         """Worker first (it cancels its flow-run children), then the server."""
         stop_process(self.worker_proc)
         stop_process(self.server_proc)
+        # a stopped stack must not leave later clients in this process pointing at a dead server
+        if os.environ.get("PREFECT_API_URL") == self.api_url:
+            if self._saved_api_url is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = self._saved_api_url
 
     def alive(self) -> bool:
         procs = [p for p in (self.server_proc, self.worker_proc) if p is not None]

@@ -6,12 +6,16 @@
 
 Composition only: the stages live in `arenaforge/tasks/sft/stages.py` and pass ids between them. Each
 flow runs in one event loop with one `RunScope` (the run's model and sandbox pool) shared by its
-stages. Model-driven stages use retries=0 (the model-access layer owns retries); every stage writes
+stages, and ends with `outcome.finish`: the run's top rejection reasons in its log, and a failed run
+(NothingProduced / InfrastructureFailed) when it produced nothing. Relative paths resolve against the
+working directory (a served run's is the user's project directory) and are passed on absolute.
+Model-driven stages use retries=0 (the model-access layer owns retries); every stage writes
 content-addressed records, so a re-run after a crash completes what was missing.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -19,6 +23,7 @@ from prefect.cache_policies import NONE
 from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
+from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.tasks.run_scope import open_run_scope
 from arenaforge.tasks.sft import stages as sft_stages
@@ -50,6 +55,10 @@ class SftParams(_ConfigRef):
     export_dir: str | None = Field(default=None, description="Export kept trajectories of this run here (JSONL+Parquet).")
 
 
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
 def _warehouse(cfg: Config) -> Warehouse:
     return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
                      data_path=cfg.warehouse.data_path)
@@ -74,11 +83,13 @@ async def ingest(params: IngestParams) -> dict[str, int]:
     """Ingest tool documents and live MCP servers into normalised tools grouped by server."""
     cfg = params.config()
     wh = _warehouse(cfg)
+    params = params.model_copy(update={"paths": [_absolute(p) for p in params.paths]})
     with recorded_run(wh, "ingest", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
             counts.update(await ingest_task(scope, params.paths, params.mcp))
         run_summary("ingest", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("ingest", wh, run.id, counts["tools"], "tools")
+    return {**counts, "run_id": run.id}
 
 
 @flow(name="graph", log_prints=True)
@@ -90,7 +101,8 @@ async def graph(params: GraphParams) -> dict[str, int]:
         async with open_run_scope(cfg, wh, run.id) as scope:
             counts.update(await build_graphs_task(scope, params.servers))
         run_summary("graph", run.id, counts, warehouse_path=str(wh.path))
-    return counts
+        finish("graph", wh, run.id, counts["servers"], "servers with a graph")
+    return {**counts, "run_id": run.id}
 
 
 @flow(name="sft", log_prints=True)
@@ -99,6 +111,8 @@ async def sft(params: SftParams) -> dict[str, Any]:
     cfg = params.config()
     wh = _warehouse(cfg)
     seed = cfg.seed if params.seed is None else params.seed
+    if params.export_dir:
+        params = params.model_copy(update={"export_dir": _absolute(params.export_dir)})
     with recorded_run(wh, "sft", params.model_dump(mode="json")) as (run, counts):
         extra = {}
         async with open_run_scope(cfg, wh, run.id) as scope:
@@ -121,4 +135,5 @@ async def sft(params: SftParams) -> dict[str, Any]:
                 counts["exported"] = int(report["samples"])
                 extra = {"export": report["jsonl"]}
         run_summary("sft", run.id, counts, extra=extra, warehouse_path=str(wh.path))
-    return {**counts, "run_id": run.id}
+        finish("sft", wh, run.id, counts.get("trajectories", 0), "trajectories")
+    return {**counts, **extra, "run_id": run.id}

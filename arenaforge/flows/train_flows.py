@@ -1,20 +1,28 @@
 """Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `warmstart`, `eval`.
 
 Composition only: each flow takes one params model (typed forms in the UI), runs the matching
-job from `arenaforge.tasks.train.jobs` as one task, and leaves a summary artifact. Jobs record their own
-`runs` row and write records at step boundaries, so a killed run loses at most one step and a
-re-run of `train-grpo`/`train-sft` resumes from the newest checkpoint. Retries stay off here:
-a training step is not idempotent mid-flight, and the jobs resume instead.
+job from `arenaforge.tasks.train.jobs` as one task, and leaves artifacts under stable keys:
+`<flow>-summary` (the run's numbers; for train-grpo the test-split table untrained / warm start /
+warm start + GRPO) and `<flow>-curves` (warm-start loss and GRPO curves, skipped steps marked).
+The jobs log one line per step on the `arenaforge` logger; the flows forward it to the run's log,
+so the UI shows reward, F1, zero-variance share, skipped steps and loss while it trains.
+Jobs record their own `runs` row and write records at step boundaries, so a killed run loses at
+most one step and a re-run of `train-grpo`/`train-sft` resumes from the newest checkpoint.
+Retries stay off here: a training step is not idempotent mid-flight, and the jobs resume instead.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from arenaforge.flows.artifacts import SANDBOX, step_curves, summary_table
+from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.tasks.train import jobs
 from arenaforge.tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
@@ -25,45 +33,113 @@ sft_task = task(jobs.sft_job, name="sft-steps", cache_policy=NO_CACHE)
 warmstart_task = task(jobs.warmstart_job, name="warmstart-data", cache_policy=NO_CACHE, tags=[SANDBOX])
 eval_task = task(jobs.eval_job, name="evaluate", cache_policy=NO_CACHE, tags=[SANDBOX])
 
+EVAL_HEADERS = {"label": "policy", "f1": "F1", "recall": "recall", "precision": "precision",
+                "calls_per_task": "calls", "format_errors_per_task": "format errors", "episodes": "episodes"}
 
-def _summarise(title: str, result: dict[str, Any]) -> dict[str, Any]:
-    summary_table(title, {k: v for k, v in result.items() if not isinstance(v, (dict, list))},
-                  key=f"{title}-{result.get('run_id', '')}")
+
+class _ToRunLogger(logging.Handler):
+    """Forwards `arenaforge` log records (from job threads too) to the flow run's logger."""
+
+    def __init__(self, target: logging.LoggerAdapter) -> None:
+        super().__init__(logging.INFO)
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.info(record.getMessage())
+
+
+@contextlib.contextmanager
+def run_log(name: str = "arenaforge") -> Iterator[None]:
+    """While the block runs, lines logged on `name` appear in this flow run's log (and terminal)."""
+    source = logging.getLogger(name)
+    handler = _ToRunLogger(get_run_logger()) if in_prefect_run() else logging.StreamHandler()
+    level = source.level
+    source.addHandler(handler)
+    source.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.setLevel(level)
+
+
+def eval_rows(evals: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per evaluated stage with the table's columns, numbers rounded."""
+    return [{EVAL_HEADERS[k]: (round(v, 3) if isinstance(v, float) else v)
+             for k, v in {"label": label, **row}.items() if k in EVAL_HEADERS} for label, row in evals.items()]
+
+
+def _summarise(flow_name: str, result: dict[str, Any], note: str | None = None) -> dict[str, Any]:
+    scalars = {k: v for k, v in result.items() if not isinstance(v, (dict, list))}
+    summary_table(f"{flow_name}: result", scalars, key=f"{flow_name}-summary", note=note,
+                  description=f"{flow_name} run {result.get('run_id', '')}")
     return result
 
 
-def _curves(title: str, result: dict[str, Any], params: Any) -> dict[str, Any]:
-    """This run's per-step loss/reward as a plot artifact (PNG also under the config's out_dir)."""
-    if result.get("run_id"):
-        cfg = jobs.config_for(params)
-        steps = jobs.warehouse_for(cfg).load(TrainStep, where="run_id = ?", params=[result["run_id"]])
-        experiment = result.get("experiment", "")
-        step_curves(steps, key=f"{title}-{experiment}-curves", out_dir=cfg.out_dir, title=f"{title} {experiment}")
-    return result
+def _curves(flow_name: str, result: dict[str, Any], params: Any) -> None:
+    """Warm-start and training curves of this run as `<flow>-curves` (PNG named by run id, never overwritten)."""
+    from arenaforge.tasks.train.curves import curves_figure, save_curves
+
+    run_id = result.get("run_id")
+    if not run_id:
+        return
+    cfg = jobs.config_for(params)
+    wh = jobs.warehouse_for(cfg)
+    steps: Sequence[TrainStep] = wh.load(TrainStep, where="run_id = ?", params=[run_id])
+    warm_run = (result.get("warmstart") or {}).get("run_id")
+    warm = wh.load(TrainStep, where="run_id = ?", params=[warm_run]) if warm_run else []
+    if not steps and not warm:
+        return
+    experiment = result.get("experiment", flow_name)
+    fig = curves_figure([*warm, *(s for s in steps if s.algorithm == "sft")], [s for s in steps if s.algorithm == "grpo"],
+                        title=f"{flow_name} {experiment}")
+    path = save_curves(fig, cfg.out_dir, f"{flow_name}-{experiment}", run_id)
+    result["curves_png"] = str(path)
+    if in_prefect_run():
+        from prefect.artifacts import create_markdown_artifact
+
+        data = base64.b64encode(path.read_bytes()).decode()
+        create_markdown_artifact(key=f"{flow_name}-curves", description=f"{flow_name} {experiment} curves",
+                                 markdown=f"## {flow_name} {experiment}\n\n![curves](data:image/png;base64,{data})\n\n"
+                                 f"Saved to `{path.resolve()}`\n", _sync=True)
 
 
 @flow(name="rollout")
-def rollout(params: RolloutParams) -> dict[str, Any]:
-    return _summarise("rollout", rollout_task(params))
+async def rollout(params: RolloutParams) -> dict[str, Any]:
+    """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward."""
+    return _summarise("rollout", await rollout_task(params))
 
 
 @flow(name="train-grpo")
-def train_grpo(params: GrpoParams) -> dict[str, Any]:
-    """GRPO on one node, or the verl job (submitted as a Ray job when verl.ray_address is set)."""
-    return _curves("train-grpo", _summarise("train-grpo", grpo_task(params)), params)
+async def train_grpo(params: GrpoParams) -> dict[str, Any]:
+    """Warm start (optional), GRPO and evaluation on the test split; or the verl job (verl.ray_address)."""
+    with run_log():
+        result = await grpo_task(params)
+    _curves("train-grpo", result, params)
+    note = None
+    if result.get("eval"):
+        note = "### Test split\n\n" + markdown_table(eval_rows(result["eval"]))
+    return _summarise("train-grpo", result, note)
 
 
 @flow(name="train-sft")
 def train_sft(params: SftParams) -> dict[str, Any]:
-    return _curves("train-sft", _summarise("train-sft", sft_task(params)), params)
+    """Supervised fine-tuning on an SFT export (loss on assistant tokens only)."""
+    with run_log():
+        result = sft_task(params)
+    _curves("train-sft", result, params)
+    return _summarise("train-sft", result)
 
 
 @flow(name="warmstart")
-def warmstart(params: WarmstartParams) -> dict[str, Any]:
+async def warmstart(params: WarmstartParams) -> dict[str, Any]:
     """Warm-start SFT data: each environment's gold calls replayed in the sandbox, as messages+tools JSONL."""
-    return _summarise("warmstart", warmstart_task(params))
+    return _summarise("warmstart", await warmstart_task(params))
 
 
 @flow(name="eval")
-def evaluate(params: EvalParams) -> dict[str, Any]:
-    return _summarise("eval", eval_task(params))
+async def evaluate(params: EvalParams) -> dict[str, Any]:
+    """Evaluate a policy on the test split (F1, recall, precision, calls, format errors)."""
+    with run_log():
+        result = await eval_task(params)
+    return _summarise("eval", result)

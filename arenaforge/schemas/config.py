@@ -61,6 +61,10 @@ class ModelConfig(_Section):
     structured_output: Literal["auto", "json_schema", "json_object", "prompt"] = Field(
         default="auto", description="How a JSON answer is asked for: auto negotiates json_schema, then json_object "
                                     "with the schema in the prompt, then the schema in the prompt only.")
+    tool_calling: Literal["auto", "native", "prompt"] = Field(
+        default="auto", description="How tools are called: auto uses the endpoint's native tool calls and moves to the "
+                                    "prompt (tools described in the prompt, each turn a JSON object) when the endpoint "
+                                    "refuses them; prompt is for servers that ignore tools (transformers serve).")
     concurrency_initial: int = Field(default=16, ge=1, description="Requests in flight at the start (AIMD slow start).")
     concurrency_max: int = Field(default=128, ge=1, description="Most requests in flight to the endpoint.")
     temperature: float = Field(default=0.7, ge=0, description="Sampling temperature where a step does not set one.")
@@ -70,19 +74,40 @@ class ModelConfig(_Section):
 
 
 class SandboxConfig(_Section):
+    """The sandbox runtime (docs/SANDBOX.md): workers, per-session limits, and what crosses the boundary."""
+
     backend: Literal["auto", "docker", "process"] = Field(default="auto", description="auto: docker if an engine answers.")
     image: str = Field(default="arenaforge-sandbox", description="Base image name (tag is the recipe hash).")
     pool_size: int = Field(default=4, ge=1, description="Warm worker containers.")
-    max_concurrency: int = Field(default=256, ge=1, description="Tool calls in flight at once across the pool.")
-    call_timeout_s: float = Field(default=5.0, gt=0, description="Wall-clock limit of one tool call.")
+    max_concurrency: int = Field(default=256, ge=1, description="Opens and calls in flight at once, across sessions.")
+    call_timeout_s: float = Field(
+        default=5.0, gt=0, description="A call's own time limit (time spent waiting for a CPU is not counted)."
+    )
     session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session (an episode).")
-    memory_mb: int = Field(default=512, ge=32, description="Memory one session may use.")
+    memory_mb: int = Field(default=512, ge=32, description="Address space of one session process.")
     pids: int = Field(default=64, ge=8, description="Processes one session may run.")
-    cpus: float = Field(default=1.0, gt=0, description="CPUs one worker container may use.")
-    output_limit_bytes: int = Field(default=65536, ge=256, description="Output kept per call; the rest is cut with a marker.")
+    cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
+    output_limit_bytes: int = Field(
+        default=65536, ge=256, description="Output kept per call (what the agent sees); the rest is cut with a marker."
+    )
+    message_limit_bytes: int = Field(
+        default=4 << 20, ge=1024, description="Largest arguments of one call (serialized JSON); larger is an error."
+    )
     session_cpu_s: int = Field(default=60, ge=1, description="CPU seconds one session's process may use in total.")
-    open_timeout_s: float = Field(default=10.0, gt=0, description="Wall-clock limit for loading an environment's code.")
-    scratch_mb: int = Field(default=64, ge=1, description="tmpfs /tmp of a worker container, shared by its sessions' scratch dirs.")
+    open_timeout_s: float = Field(
+        default=10.0, gt=0, description="Limit for loading an environment's code, from when its worker starts it."
+    )
+    scratch_mb: int = Field(default=64, ge=1, description="Size of each session's private /tmp (and /dev/shm).")
+    template_cache_mb: int = Field(
+        default=1024, ge=16, description="Memory per worker for parsed environment states kept for new sessions."
+    )
+    worker_stall_s: float = Field(
+        default=60.0, gt=0, description="A worker that answers no ping for this long after a late reply is replaced."
+    )
+    process_allows_model_code: bool = Field(
+        default=False,
+        description="Let the process backend run model-written tool code (it cannot isolate it as Docker does).",
+    )
     container_memory_mb: int = Field(default=4096, ge=64, description="Memory cap of one worker container (all its sessions).")
     container_pids: int = Field(default=4096, ge=16, description="Process cap of one worker container (all its sessions).")
 
@@ -145,6 +170,11 @@ class Config(_Section):
     sft: SftConfig = SftConfig()
     train: TrainConfig = TrainConfig()
     out_dir: str = Field(default="./out", description="Where exports and plots are written.")
+    project_dir: str | None = Field(
+        default=None,
+        description="Where served flow runs resolve relative paths (default: the directory `arenaforge serve` "
+        "was started in).",
+    )
     seed: int = Field(default=0, description="Seed for every deterministic generator.")
 
 

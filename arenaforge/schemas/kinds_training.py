@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from arenaforge.schemas.base import Record
@@ -59,6 +61,35 @@ class EvalRun(Record):
     recall: float = Field(ge=0, le=1)
     precision: float = Field(ge=0)
     calls_per_task: float = Field(ge=0)
+    format_errors_per_task: float = Field(default=0.0, ge=0, description="Mean malformed calls per scored episode.")
+    label: str | None = Field(default=None, description="What was evaluated, e.g. untrained, warm start, warm start + GRPO.")
     statuses: dict[str, int] = Field(default_factory=dict, description="Episode count per rollout status.")
     failure_reasons: dict[str, int] = Field(default_factory=dict, description="env_failure reasons with counts.")
     started_at: str = Field(description="ISO-8601 UTC time the evaluation started (part of the id).")
+
+
+@register
+class EnvSplit(Record):
+    """Which split of a split scheme an environment belongs to: train or test.
+
+    One row per (scheme, environment): the id ignores everything else, so an environment keeps
+    its split when the scheme is extended to environments synthesized later.
+    """
+
+    KIND = "env_split"
+    ID_PREFIX = "split"
+    TABLE = "env_splits"
+
+    scheme: str = Field(description="Split scheme name; `default` unless a run asks for another.")
+    env_id: str = Field(description="The environment.")
+    split: Literal["train", "test"] = Field(description="train: may reach any training input; test: evaluation only.")
+    stratum: str = Field(description="Stratification cell: `<source>/<QA structure>`.")
+    group: str = Field(description="Near-duplicate group (hash of the gold tool set and the question template); "
+                       "a group never straddles splits.")
+    test_share: float = Field(ge=0, le=1, description="Share of each stratum's groups held out when first assigned.")
+    seed: int = Field(description="Seed of the group order within a stratum.")
+
+    def compute_id(self) -> str:  # one split per environment and scheme
+        from arenaforge.schemas.ids import content_id
+
+        return content_id(self.ID_PREFIX, {"scheme": self.scheme, "env_id": self.env_id})

@@ -325,11 +325,13 @@ class ToolObservation(Frozen):
     """What one tool call returned, as the agent sees it (rStar2-Agent's four outcomes plus limit hits)."""
 
     outcome: ToolOutcome = Field(
-        description="ok: output; no_output: ran, printed/returned nothing; error: raised (traceback in error); "
-        "timeout: exceeded its wall-clock limit; limit: hit a memory/pids/output limit or killed its worker."
+        description="ok: output; no_output: ran, printed/returned nothing; error: raised (its message in error); "
+        "timeout: ran past its time limit; limit: hit a memory/pids/CPU/output limit or crashed its session. "
+        "(A failure of the sandbox itself is never an outcome: the runtime raises an EnvironmentFailure.)"
     )
     output: str = Field(default="", description="Returned value rendered as text (JSON for structured values).")
-    error: str | None = Field(default=None, description="Exception type, message and traceback, or the limit hit.")
+    error: str | None = Field(default=None, description="The error as the agent sees it (`Error: <message>`), or the limit hit.")
+    traceback: str | None = Field(default=None, description="The tool's traceback when it raised (for debugging, not shown).")
     truncated: bool = Field(default=False, description="Output was cut at the output limit (marked in the text).")
     duration_s: float = Field(default=0.0, ge=0)
 

@@ -69,14 +69,16 @@ def migration_files() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-def absolute_location(path: str | Path) -> str:
-    """`path` with a local path made absolute (to hand to another process); other locations as given."""
+def absolute_location(path: str | Path, base: Path | None = None) -> str:
+    """`path` with a local path made absolute against `base` (default: the working directory), to hand to
+    another process; other locations (PostgreSQL, URLs) as given."""
     text = str(path)
     if is_postgres(text) or "://" in text:
         return text
+    root = base if base is not None else Path.cwd()
     if text.startswith("file:"):
-        return "file:" + str(Path(text[5:]).resolve())
-    return str(Path(text).resolve())
+        return "file:" + str((root / Path(text[5:]).expanduser()).resolve())
+    return str((root / Path(text).expanduser()).resolve())
 
 
 def open_store(path: str | Path, lock_timeout_s: float, data_path: str | None = None) -> FileStore | LakeStore:

@@ -10,6 +10,7 @@ changes) runs on the lake as written. The scratch schema also tells writers each
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import duckdb
@@ -17,11 +18,19 @@ import duckdb
 from arenaforge.schemas.errors import WarehouseError
 
 
+_COLUMN_COMMENT = re.compile(r'\s*COMMENT\s+ON\s+COLUMN\s+("[^"]+"|\w+)\.', re.IGNORECASE)
+
+# Created before any migration (migrations may refer to it, e.g. to comment on it).
+SCHEMA_MIGRATIONS_DDL = ("CREATE TABLE IF NOT EXISTS schema_migrations "
+                         "(version INTEGER NOT NULL, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)")
+
+
 class DeclaredSchema:
     """The schema the migrations declare, replayed in memory; keys per table and lake DDL."""
 
     def __init__(self) -> None:
         self.con = duckdb.connect()
+        self.con.execute(SCHEMA_MIGRATIONS_DDL)
 
     def keys(self) -> dict[str, list[str]]:
         """table -> its PRIMARY KEY (else first UNIQUE) columns."""
@@ -45,7 +54,8 @@ class DeclaredSchema:
         for statement in self.con.extract_statements(sql):
             if statement.type != duckdb.StatementType.CREATE:
                 self.con.execute(statement.query)
-                out.append(statement.query)
+                if not self._comments_view_column(statement.query):
+                    out.append(statement.query)
                 continue
             before = self._tables()
             self.con.execute(statement.query)
@@ -59,6 +69,21 @@ class DeclaredSchema:
             if not keyed and not (not new and _declares_key(statement.query)):  # a no-op IF NOT EXISTS
                 out.append(statement.query)
         return out
+
+    def column_comments(self) -> dict[tuple[str, str], str]:
+        """(table or view, column) -> its COMMENT ON COLUMN text."""
+        rows = self.con.execute("SELECT table_name, column_name, comment FROM duckdb_columns() "
+                                "WHERE comment IS NOT NULL AND database_name = current_database()").fetchall()
+        return {(table, column): comment for table, column, comment in rows}
+
+    def _comments_view_column(self, query: str) -> bool:
+        """A COMMENT ON COLUMN of a view: DuckLake 1.5.5 refuses it ("not a table"), so it stays in the
+        declared schema only (`declared_column_comments`)."""
+        found = _COLUMN_COMMENT.match(query)
+        if not found:
+            return False
+        return bool(self.con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal",
+                                     [found.group(1).strip('"')]).fetchone()[0])
 
     def _tables(self) -> dict[str, tuple[bool, int]]:
         rows = self.con.execute("SELECT table_name, has_primary_key, index_count FROM duckdb_tables()").fetchall()
@@ -90,8 +115,7 @@ def apply_to_lake(con: duckdb.DuckDBPyConnection, migrations: Sequence[tuple[int
     """
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
-                    "(version INTEGER NOT NULL, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)")
+        con.execute(SCHEMA_MIGRATIONS_DDL)
         done = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
         schema = DeclaredSchema()
         applied = []
@@ -113,15 +137,25 @@ def apply_to_lake(con: duckdb.DuckDBPyConnection, migrations: Sequence[tuple[int
     return applied, schema.keys()
 
 
-_DECLARED: dict[tuple[str, ...], dict[str, list[str]]] = {}
+# migration names -> (keys per table, column comments), replayed once per process and migration set
+_DECLARED: dict[tuple[str, ...], tuple[dict[str, list[str]], dict[tuple[str, str], str]]] = {}
 
 
-def declared_keys(migrations: Sequence[tuple[int, str, str]]) -> dict[str, list[str]]:
-    """Keys per table the migrations declare (replayed once per process and migration set)."""
+def _declared(migrations: Sequence[tuple[int, str, str]]) -> tuple[dict[str, list[str]], dict[tuple[str, str], str]]:
     names = tuple(name for _, name, _ in migrations)
     if names not in _DECLARED:
         schema = DeclaredSchema()
         for _, _, sql in migrations:
             schema.replay(sql)
-        _DECLARED[names] = schema.keys()
+        _DECLARED[names] = (schema.keys(), schema.column_comments())
     return _DECLARED[names]
+
+
+def declared_keys(migrations: Sequence[tuple[int, str, str]]) -> dict[str, list[str]]:
+    """Keys per table the migrations declare."""
+    return _declared(migrations)[0]
+
+
+def declared_column_comments(migrations: Sequence[tuple[int, str, str]]) -> dict[tuple[str, str], str]:
+    """(table or view, column) -> comment, as the migrations declare them (view columns included)."""
+    return _declared(migrations)[1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.errors import InputError
@@ -47,3 +47,21 @@ def cached_responses(wh: Warehouse, model: str) -> dict[str, str]:
     """The response cache of one model: request key -> response JSON."""
     _, rows = wh.query("SELECT key, response FROM llm_cache WHERE model = ?", [model])
     return {key: response for key, response in rows}
+
+
+def kept_trajectory_scores(wh: Warehouse, run_id: str | None = None, min_score: float | None = None) -> dict[str, float]:
+    """Trajectory id -> judge score of the trajectories kept for SFT (`v_sft_kept`), optionally of one run's
+    judgements and at least `min_score`."""
+    sql = "SELECT id, score FROM v_sft_kept"
+    params: list[Any] = []
+    clauses = []
+    if run_id:
+        clauses.append("id IN (SELECT (record->>'trajectory_id') FROM judge_scores WHERE run_id = ?)")
+        params.append(run_id)
+    if min_score is not None:
+        clauses.append("score >= ?")
+        params.append(min_score)
+    if clauses:
+        sql += " WHERE " + " AND ".join(clauses)
+    _, rows = wh.query(sql, params)
+    return {r[0]: float(r[1]) for r in rows}

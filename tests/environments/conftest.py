@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -71,3 +73,21 @@ BACKENDS = [pytest.param("process", id="process"), pytest.param("docker", id="do
 @pytest.fixture(scope="module", params=BACKENDS)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[PoolHandle]:
     yield from start_pool(request.param)
+
+
+@contextlib.asynccontextmanager
+async def frozen(worker: Any) -> AsyncIterator[None]:
+    """Stop a worker (its whole process tree, or its container) for the duration of the block."""
+    transport = worker.transport
+    container = getattr(transport, "container", None)
+    if container is not None:
+        await asyncio.to_thread(container.pause)
+    else:
+        os.killpg(transport.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        if container is not None:
+            await asyncio.to_thread(container.unpause)
+        else:
+            os.killpg(transport.proc.pid, signal.SIGCONT)

@@ -93,8 +93,14 @@ def test_cli_run_and_check(tmp_path: Path) -> None:
 def test_benchmark_smoke() -> None:
     from arenaforge.tasks.benchmarks.sandbox import main
 
-    result = main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0, backend="process", pool_size=1)
+    import asyncio
+
+    result = asyncio.run(main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0,
+                              backend="process", pool_size=1, state_mb=0.3, state_opens=3, state_concurrency=4))
     assert result["pool_backend"] == "process"
+    state = result["stateful"]
+    assert state["state_bytes"] >= 300_000 and state["templates_loaded"] == 2  # the bench env and the state: one load each
+    assert state["open_one_by_one"]["calls"] == 3 and state["open_concurrent"]["succeeded"] == 4
     assert result["pool"]["trivial"]["4"]["calls"] == 40 and result["pool"]["trivial"]["4"]["failed"] == 0
     assert result["pool"]["cpu50ms"]["1"]["p50_ms"] >= 45
     assert result["subprocess"]["trivial"]["1"]["failed"] == 0
@@ -178,42 +184,3 @@ def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     assert any("falling back to the process backend" in r.getMessage() for r in caplog.records)
     with pytest.raises(SandboxError, match="debootstrap"):
         asyncio.run(scenario("docker"))  # asked for docker explicitly: no silent fallback
-
-
-CHANNEL_ABUSE = """
-import os, socket
-
-def _channel():
-    fds = [int(x) for x in os.listdir("/proc/self/fd") if int(x) > 2]
-    fd = max(x for x in fds if os.path.exists(f"/proc/self/fd/{x}") and "socket" in os.readlink(f"/proc/self/fd/{x}"))
-    return socket.socket(fileno=os.dup(fd))
-
-def flood():
-    s = _channel()
-    for _ in range(200):
-        s.sendall(b"x" * (1 << 20))
-    return "sent"
-
-def forge():
-    _channel().sendall(b'not json\\n{"seq": 999, "outcome": "ok", "output": "forged"}\\n')
-    return "real"
-
-def ok():
-    return "fine"
-"""
-
-
-def test_tool_writing_into_its_reply_channel() -> None:
-    from arenaforge.schemas.models import Environment, FunctionDoc
-
-    env = Environment(name="abuse", tools=[FunctionDoc(name=n) for n in ("flood", "forge", "ok")], code=CHANNEL_ABUSE)
-
-    async def scenario() -> list:
-        async with await create_pool(sandbox_config("process", pool_size=1)) as pool:
-            session = await pool.open(env)
-            return [await pool.call(session, tool, {}) for tool in ("flood", "ok", "forge", "ok")]
-
-    flood, ok1, forge, ok2 = asyncio.run(scenario())
-    assert flood.outcome == "limit" and "flooded its reply channel" in (flood.error or "")
-    assert (forge.outcome, forge.output) == ("ok", "real")  # garbage and replies with a wrong sequence number are dropped
-    assert ok1.output == ok2.output == "fine"

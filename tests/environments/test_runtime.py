@@ -97,13 +97,14 @@ def test_outcomes_error_no_output_and_bad_calls(sandbox: PoolHandle) -> None:
         )
     )
     assert [o.outcome for o in obs] == ["error", "no_output", "ok", "error", "error"]
-    assert "ValueError: order nope not found" in (obs[0].error or "")
-    assert 'File "tools.py", line' in (obs[0].error or "")  # a traceback into the tool code
-    assert "worker.py" not in (obs[0].error or "")
+    assert obs[0].text() == "Error: order nope not found"  # what agent harnesses show: the message
+    assert 'File "tools.py", line' in (obs[0].traceback or "")  # the traceback into the tool code, kept aside
+    assert "ValueError: order nope not found" in (obs[0].traceback or "")
+    assert "execution.py" not in (obs[0].traceback or "")
     assert obs[1].text() == "(no output)"
     assert obs[2].output == "note: printed\n"
     assert "unknown tool 'no_such_tool'" in (obs[3].error or "")
-    assert "TypeError" in (obs[4].error or "")
+    assert "TypeError" in (obs[4].traceback or "") and "unexpected keyword argument 'wrong'" in (obs[4].error or "")
 
 
 def test_run_calls_reproduces_gold_answers(sandbox: PoolHandle) -> None:

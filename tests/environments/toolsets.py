@@ -178,6 +178,12 @@ def nap(seconds: float):
     time.sleep(seconds)
     return "rested"
 
+def burn(seconds: float):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return "burnt"
+
 def fork_bomb():
     while True:
         os.fork()
@@ -250,7 +256,7 @@ def whoami():
     return {"uid": os.getuid(), "gid": os.getgid(), "cwd": os.getcwd()}
 '''
 ADVERSARIAL_TOOLS = (
-    "spin", "sleep_forever", "nap", "fork_bomb", "hog_memory", "flood_return", "flood_print", "flood_fd",
+    "spin", "sleep_forever", "nap", "burn", "fork_bomb", "hog_memory", "flood_return", "flood_print", "flood_fd",
     "read_path", "environ_dump", "connect", "write_file", "scratch_roundtrip", "kill_parent", "exit_hard",
     "segfault", "whoami",
 )  # fmt: skip

@@ -86,13 +86,35 @@ def _wait_final(served: Any, flow_run_id: Any, timeout_s: float = 120) -> Any:
             time.sleep(0.2)  # polling the API with a deadline
 
 
+UI_ERROR = "Oops. Something went wrong"  # the UI's page when one of its API calls failed (seen at load ~12)
+
+
+def _visit(page: Any, url: str, ready: Any, timeout_s: float = 240) -> None:
+    """Open `url` until `ready` (a locator factory) is visible; the UI's error page means an API call of the
+    page failed on a loaded machine, so load it again (the server's state is what the test waits on)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.goto(url)
+        target = ready(page)
+        try:
+            target.or_(page.get_by_text(UI_ERROR)).first.wait_for(state="visible",
+                                                                  timeout=max(1.0, deadline - time.monotonic()) * 1000)
+        except Exception:  # playwright's TimeoutError: fall through to the deadline check
+            pass
+        if target.first.is_visible():
+            return
+        assert time.monotonic() < deadline, f"{url} never showed what the test waits for: " + page.inner_text("body")[-600:]
+
+
 def _open_custom_run(page: Any, ui: str, deployment: str) -> None:
-    page.goto(f"{ui}/deployments")
+    _visit(page, f"{ui}/deployments", lambda p: p.get_by_role("link", name=deployment, exact=True))
     page.get_by_role("link", name=deployment, exact=True).first.click()
     page.wait_for_url(re.compile(r"/deployments/deployment/"))
+    _visit(page, page.url, lambda p: p.get_by_role("button", name="Run", exact=True))
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run").click()
     page.wait_for_url(re.compile(r"/run(\?|$)"))
+    _visit(page, page.url, lambda p: p.get_by_role("button", name="Submit"))
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +144,7 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     page.set_default_timeout(60_000)
 
     # every deployment is listed (the count; names on the first page of 10)
-    page.goto(f"{ui}/deployments")
-    expect(page.get_by_text(f"{len(served_flows())} Deployments", exact=True)).to_be_visible()
+    _visit(page, f"{ui}/deployments", lambda p: p.get_by_text(f"{len(served_flows())} Deployments", exact=True))
     for name in sorted(served_flows())[:10]:
         expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
 
@@ -134,13 +155,10 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     runs = _wait_for_runs(served, "ui-sft", 1, timeout_s=120)
     assert len(runs) == 1, "one Submit, one run; the page says: " + page.inner_text("body")[-600:]
     (run,) = runs
-    page.goto(f"{ui}/runs/flow-run/{run.id}")  # watch it in the UI
-    expect(page.get_by_text("Completed").first).to_be_visible(timeout=240_000)  # its task run, then the flow run
-    run = _wait_final(served, run.id)
-    assert len(_wait_for_runs(served, "ui-sft", 2, timeout_s=0)) == 1, "one Submit, one run"
-    page.reload()
-    expect(page.locator(".state-badge", has_text="Completed").first).to_be_visible()
+    run = _wait_final(served, run.id, timeout_s=600)  # the server's state, not what the page shows meanwhile
     assert run.state.is_completed(), run.state
+    assert len(_wait_for_runs(served, "ui-sft", 2, timeout_s=0)) == 1, "one Submit, one run"
+    _visit(page, f"{ui}/runs/flow-run/{run.id}", lambda p: p.locator(".state-badge", has_text="Completed"))
     assert run.parameters["params"]["epochs"] == 2 and run.parameters["params"]["data"] == str(sft_data)
 
     # its rows are in DuckDB: two optimisation steps of experiment ui-sft, under a completed warehouse run
@@ -154,12 +172,11 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     with served.client_settings(), get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
     by_key = {a.key: a.data for a in found}
-    assert "| experiment | ui-sft |" in by_key[f"train-sft-{steps[0].run_id}"]
-    assert "data:image/png;base64," in by_key["train-sft-ui-sft-curves"]
+    assert "| experiment | ui-sft |" in by_key["train-sft-summary"]  # stable keys: <flow>-summary, <flow>-curves
+    assert "data:image/png;base64," in by_key["train-sft-curves"]
 
     # the README screenshot: the deployments page, with the run's activity
-    page.goto(f"{ui}/deployments")
-    expect(page.get_by_role("link", name="train-sft", exact=True).first).to_be_visible()
+    _visit(page, f"{ui}/deployments", lambda p: p.get_by_role("link", name="train-sft", exact=True))
     shot = tmp_path / "ui-deployments.png"
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
@@ -178,4 +195,4 @@ def test_ui_refuses_a_wrong_parameter_before_any_run(served: Any, browser: Any, 
     page.get_by_role("button", name="Submit").click()
     expect(page.get_by_text("Validation failed for field 'params.epochs'").first).to_be_visible()
     assert re.search(r"/run(\?|$)", page.url), "the form must stay open"
-    assert _wait_for_runs(served, "ui-bad", 1, timeout_s=2) == []
+    assert _wait_for_runs(served, "ui-bad", 1, timeout_s=0) == []  # the message is the server's 422: no run exists

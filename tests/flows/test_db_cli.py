@@ -55,7 +55,7 @@ def _cli(db: Path, *args: str) -> tuple[int, str]:
 def test_show_environments_where(browse_db: Path) -> None:
     code, out = _cli(browse_db, "db", "show", "environments", "--where", "verified AND tools > 2")
     assert code == 0, out
-    assert "v_environments (1 rows shown)" in out
+    assert "v_environments: 1 of 1 rows matching" in out
     assert "weather_0" in out and "weather_1" not in out and "weather_2" not in out
     assert "What is the weather in city 0?" in out
 
@@ -64,9 +64,9 @@ def test_show_runs_trajectories_rollouts(browse_db: Path) -> None:
     code, out = _cli(browse_db, "db", "show", "runs")
     assert code == 0 and "envs" in out and "completed" in out and '{"environments":3}' in out
     code, out = _cli(browse_db, "db", "show", "trajectories", "--where", "tool_calls = 2")
-    assert code == 0 and "v_trajectories (1 rows shown)" in out and "sunny" in out
+    assert code == 0 and "v_trajectories: 1 of 1 rows matching" in out and "sunny" in out
     code, out = _cli(browse_db, "db", "show", "rollouts", "--limit", "1")
-    assert code == 0 and "v_rollouts (1 rows shown)" in out and "scripted" in out
+    assert code == 0 and "v_rollouts: 1 of 2 rows; --limit N shows more" in out and "scripted" in out
 
 
 def test_query_accepts_sql(browse_db: Path) -> None:

@@ -27,6 +27,12 @@ def test_demo_fills_the_warehouse_and_reruns_without_duplicates(tmp_path, prefec
     assert verified[0][0] == verified[0][1], "every stored environment passed sandbox verification"
     assert (tmp_path / "out" / "demo" / "sft").is_dir()
     assert "arenaforge demo" in first.stdout
+    # it says where it wrote its exports, and they are there
+    demo = tmp_path / "out" / "demo"
+    for path in (demo / "sft" / "sft.jsonl", demo / "envs" / "verl", demo / "envs" / "harbor",
+                 demo / "envs" / "environments.jsonl"):
+        assert f": {path}" in first.stdout and path.exists(), path
+    assert (demo / "envs" / "verl" / "agent_loops.yaml").is_file() and (demo / "envs" / "verl" / "val.parquet").is_file()
 
     second = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]

@@ -18,6 +18,7 @@ from arenaforge.schemas.kinds_envs import DistractorSet, EnvMerge, QAVerificatio
 from arenaforge.schemas.models import Environment, QAInstance, Rejection
 from arenaforge.warehouse import Warehouse
 from tests.support.envs_fakes import EnvsResponder
+from tests.support.harbor import ToolsService
 from tests.support.requirements import SHARED_DATA
 
 pytestmark = pytest.mark.prefect_server
@@ -29,6 +30,11 @@ def _invoke(*args: str):
     return result.output
 
 
+def _json(out: str) -> dict:
+    """The JSON block a command prints first (a table of rejection reasons may follow)."""
+    return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
+
+
 def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
@@ -37,7 +43,7 @@ def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monk
     if SHARED_DATA.is_dir():  # always in CI
         sources += ["--source", "tau2_retail", "--shared-data", str(SHARED_DATA)]
     out = _invoke("--db", db, "envs", "synth", *sources, "--n", "8", "--max-hops", "3", "--seed", "1")
-    counts = json.loads(out[out.index("{"):])
+    counts = _json(out)
     wh = Warehouse(db)
     envs = wh.load(Environment)
     assert counts["environments"] == len(envs) > 0
@@ -59,15 +65,25 @@ def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monk
     shown = _invoke("--db", db, "envs", "show", envs[0].id)
     assert envs[0].tools[0].name in shown and "QA graph" in shown and "self_test_gold_f1" in shown and "def " in shown
 
-    out = _invoke("--db", db, "envs", "export", "--out", str(tmp_path / "exp"), "--image", "arenaforge-sandbox:test")
-    written = json.loads(out[out.index("{"):])
-    assert pl.read_parquet(written["verl"]).height == len(envs)
+    out = _invoke("--db", db, "envs", "export", "--out", str(tmp_path / "exp"))
+    written = _json(out)
+    verl = written["verl"]
+    assert verl["train_rows"] + verl["val_rows"] == len(envs) and verl["val_rows"] >= 1
+    assert pl.read_parquet(Path(verl["dir"]) / "train.parquet").height == verl["train_rows"]
     assert len((tmp_path / "exp" / "environments.jsonl").read_text().splitlines()) == len(envs)
     task = Path(written["harbor"]) / envs[0].name
-    run_env = {**os.environ, "ENV_DIR": str(task / "environment" / "env"), "LOGS_DIR": str(tmp_path / "logs"),
-               "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    subprocess.run(["sh", str(task / "solution" / "solve.sh")], env=run_env, check=True, capture_output=True, timeout=60)
-    subprocess.run(["sh", str(task / "tests" / "test.sh")], env=run_env, check=True, capture_output=True, timeout=60)
+    assert "FROM ${BASE_IMAGE}" in (task / "environment" / "Dockerfile").read_text()
+    bin_dir = tmp_path / "bin"  # what the task's image installs
+    bin_dir.mkdir()
+    (bin_dir / "call-tool").symlink_to(task / "environment" / "call_tool.py")
+    service = ToolsService(task / "environment" / "tools")
+    try:
+        run_env = {**os.environ, "TOOLS_URL": service.url, "LOGS_DIR": str(tmp_path / "logs"),
+                   "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+        for script in ("solution/solve.sh", "tests/test.sh"):
+            subprocess.run(["sh", str(task / script)], env=run_env, check=True, capture_output=True, timeout=60)
+    finally:
+        service.stop()
     assert json.loads((tmp_path / "logs" / "verifier" / "reward.json").read_text())["reward"] == 1.0
 
 

@@ -132,7 +132,9 @@ def test_consistent_but_false_model_gets_nothing_accepted(prefect_server, script
          "--seed", "0"],
         cwd=tmp_path, env={**os.environ, "ARENAFORGE_MODEL__MAX_RETRIES": "0", "ARENAFORGE_SANDBOX__BACKEND": "process"},
         capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # nothing survives, so the run says so and exits 2 (nothing produced), naming the commonest refusal
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"no environments: all {len(_LIES)} inputs refused" in done.stderr and "evidence_mismatch" in done.stderr
     wh = Warehouse(db)
     qas = wh.load(QAInstance)
     assert [q.main_answer for q in qas] == [truth["city"]], "only the true QA is kept: no false one"

@@ -79,6 +79,60 @@ def test_schedule_from_config_can_be_paused_and_resumed(served: Any) -> None:
         assert client.read_deployment_schedules(deployment.id)[0].active is False
 
 
+def _deployment_runs(client: Any, deployment_id: Any) -> list[Any]:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+
+
+def _wait_runs(client: Any, deployment_id: Any, done: Any, what: str, timeout_s: float = 240) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = [r for r in _deployment_runs(client, deployment_id) if done(r)]
+        if runs:
+            return runs
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f}s"
+        time.sleep(0.5)  # polling the API with a deadline
+
+
+def test_a_schedule_creates_and_completes_runs_and_a_paused_one_does_not(served: Any, prefect_server: Any) -> None:
+    """What `[prefect.schedules]` promises, on the real server's scheduler and the real worker."""
+    from arenaforge.flows.deployments import apply_deployments
+
+    probe = served_flows()["probe"]
+    schedules = {
+        "probe-paused": {"interval_s": 3, "active": False, "parameters": {"params": {"tag": "sched-off", "n": 1}}},
+        "probe-every-3s": {"interval_s": 3, "parameters": {"params": {"tag": "sched-on", "n": 1}}},
+    }
+    applied = {}
+    with served.client_settings(), _client(served) as client:
+        try:
+            for name in schedules:  # the paused one first: any scheduler pass that sees the active one saw it too
+                cfg = served.cfg.model_copy(update={"prefect": served.cfg.prefect.model_copy(
+                    update={"schedules": {name: schedules[name]}})})
+                apply_deployments(cfg, {name: probe}, env=served._flow_run_env(), working_dir=served.project_dir())
+                applied[name] = client.read_deployment_by_name(f"serve-probe/{name}")
+            on, off = applied["probe-every-3s"], applied["probe-paused"]
+
+            completed = _wait_runs(client, on.id, lambda r: r.state and r.state.is_completed(), "completed scheduled run")
+            assert all(r.auto_scheduled for r in completed)
+            assert completed[0].parameters == {"params": {"tag": "sched-on", "n": 1}}
+            assert _probe_rows(served, "sched-on")[0] == ("sched-on-0", 1)  # the run did its work
+            assert _deployment_runs(client, off.id) == [], "a paused schedule created runs"
+
+            # the UI's toggle: resumed, the paused schedule starts creating runs
+            (sched,) = client.read_deployment_schedules(off.id)
+            client.update_deployment_schedule(off.id, sched.id, active=True)
+            created = _wait_runs(client, off.id, lambda r: r.auto_scheduled, "run after resuming")
+            assert created[0].parameters == {"params": {"tag": "sched-off", "n": 1}}
+        finally:
+            for deployment in applied.values():  # stop the schedules (and drop their future runs)
+                client.delete_deployment(deployment.id)
+    log = (prefect_server.home / "server.log").read_text()
+    assert "Can't evaluate bulk DML" not in log
+    assert not [line for line in log.splitlines() if "ERROR" in line and "schedule" in line], log[-3000:]
+
+
 def test_bad_schedule_config_is_one_line() -> None:
     from arenaforge.flows.deployments import build_schedules
     from arenaforge.schemas.errors import ConfigError

@@ -57,10 +57,13 @@ def test_serve_keeps_prefect_state_in_postgres(postgres_url, tmp_path):
         prefect=PrefectConfig(database_url=url, port=free_port()),
     )
     flows = {"envs": "arenaforge.flows.envs_flows:envs", "train-sft": "arenaforge.flows.train_flows:train_sft"}
+    before = os.environ.get("PREFECT_API_URL")
     with Stack(cfg, flows=flows, home=tmp_path / "prefect-home", worker=False, server_timeout_s=300) as stack:
         assert set(stack.deployments) == set(flows)
         psql = _as_postgres(f"{bindir}/psql", "-h", "127.0.0.1", "-p", str(port), "-d", "prefect", "-tA",
                             "-c", "SELECT name FROM deployment ORDER BY name")
+    # the stopped stack's server is gone: later clients in this process must not be sent to it
+    assert os.environ.get("PREFECT_API_URL") == before
     assert psql.returncode == 0, psql.stderr
     assert psql.stdout.split() == sorted(flows), "the deployments must live in Postgres, not SQLite"
     assert not list((tmp_path / "prefect-home").glob("*.db")), "no SQLite database when a Postgres URL is set"

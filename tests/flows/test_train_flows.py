@@ -83,13 +83,13 @@ def test_grpo_hf_engine_writes_metrics_checkpoints_and_resumes(wh, tmp_path):
 def test_grpo_after_warmstart_learns_on_the_tiny_model(wh, tmp_path):
     """Warm start (60 SFT steps on gold-call replays), then GRPO with the hf engine: rewards and real updates."""
     common = ["train", "grpo", "--model-path", str(tiny_model_path()), "--out-dir", str(tmp_path), "--split", "all",
-              "--warmstart-steps", "60"]
+              "--warmstart-steps", "60", "--warmstart-lr", "1e-2", "--checkpoint-every", "1"]
     out = _run(wh, *common, "--steps", "2")
     assert out["warmstart"]["steps"] == 60 and out["warmstart"]["examples"] == 2
     assert out["warmstart"]["last_loss"] < 0.1
     steps = [s for s in wh.load(TrainStep) if s.algorithm == "grpo"]
     assert [s.step for s in steps] == [1, 2]
-    assert any("skipped" not in s.metrics and s.metrics["groups_used"] > 0 and s.metrics["grad_norm"] > 0
+    assert any(s.metrics["skipped"] == 0 and s.metrics["groups_used"] > 0 and s.metrics["grad_norm"] > 0
                for s in steps)
     assert statistics.fmean(s.metrics["reward"] for s in steps) > 0
     assert [c.step for c in wh.load(Checkpoint) if c.algorithm == "grpo"] == [1, 2]
@@ -133,7 +133,7 @@ def test_grpo_vllm_engine_against_scripted_server(wh, tmp_path):
                    "--old-logprobs", "engine")
     finally:
         server.stop()
-    assert out["last_step"] == 2 and "skipped" not in out["last_metrics"]
+    assert out["last_step"] == 2 and out["last_metrics"]["skipped"] == 0
     assert out["last_metrics"]["zero_variance_share"] == 0.0 and out["last_metrics"]["batch_reward"] == 0.5
     assert all(isinstance(req["prompt"], list) for req in server.requests)
     assert {r.engine for r in wh.load(Rollout)} == {"vllm"}
@@ -178,3 +178,55 @@ def test_sft_and_build_tiny_model_commands(wh, tmp_path):
                "--out-dir", str(tmp_path), "--epochs", "2", "--checkpoint-every", "1")
     assert out["last_step"] == 2 and out["last_loss"] > 0
     assert [s.step for s in wh.load(TrainStep) if s.algorithm == "sft"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_warehouse, tmp_path, monkeypatch):
+    """Warm start + GRPO from the CLI on synthesized environments: per-step log lines, the test-split table of
+    untrained / warm start / warm start + GRPO, and artifacts under stable keys (issues 11 and 12)."""
+    import asyncio
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from arenaforge.schemas.config import load_config
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
+
+    monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
+    cfg = load_config(None, overrides={"warehouse.path": str(tmp_warehouse.path), "sandbox.backend": "process",
+                                       "model.backend": "offline"})
+    spec = EnvsSpec(sources=["sample"], n=32, seed=0)
+
+    async def build() -> None:
+        async with open_run_scope(cfg, tmp_warehouse, "test") as run:
+            await build_environments(run, spec, (await synthesize_qas(run, spec))[0])
+
+    asyncio.run(build())
+    monkeypatch.chdir(tmp_path)  # the config's out_dir (./out), where the curves PNG goes
+    result = CliRunner().invoke(app, ["--db", str(tmp_warehouse.path), "train", "grpo", "--model-path", "tiny",
+                                      "--out-dir", str(tmp_path), "--warmstart-steps", "2", "--steps", "2",
+                                      "--group-size", "2", "--batch-groups", "1", "--max-groups-per-step", "2",
+                                      "--max-turns", "1", "--max-length", "24", "--max-tokens-per-turn", "8",
+                                      "--eval-limit", "2"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = result.output
+    from arenaforge.tasks.train.run_grpo import step_line
+
+    steps = [s for s in tmp_warehouse.load(TrainStep) if s.algorithm == "grpo"]
+    assert [s.step for s in steps] == [1, 2]  # each step's numbers, as its log line words them
+    line = step_line("grpo", 1, 2, steps[0].metrics)
+    assert line.startswith("grpo step 1/2: reward") and "zero-variance share" in line and "groups used" in line
+    assert "untrained" in out and "warm start + GRPO" in out and "format errors" in out  # the printed table
+    evals = tmp_warehouse.load(EvalRun)
+    assert sorted(e.label for e in evals) == ["untrained", "warm start", "warm start + GRPO"]
+    assert all(e.episodes == 2 for e in evals)
+    pngs = list((tmp_path / "out").glob("train-grpo-grpo-curves-run-*.png"))
+    assert len(pngs) == 1
+    with get_client(sync_client=True) as client:
+        found = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+                 for key in ("train-grpo-summary", "train-grpo-curves")}
+    run_id = steps[0].run_id  # this run's artifacts (other tests in the session write the same keys)
+    summary = [a for a in found["train-grpo-summary"] if run_id in (a.data or "")]
+    assert len(summary) == 1 and "warm start + GRPO" in summary[0].data
+    assert any(run_id in (a.data or "") and "data:image/png;base64," in a.data for a in found["train-grpo-curves"])

@@ -57,3 +57,11 @@ def require_chromium() -> str:
     if not Path(path).exists():
         skip_or_fail("Debian chromium is not installed (scripts/setup.sh installs it)")
     return path
+
+
+def require_verl_venv() -> Path:
+    """The verl venv's python (scripts/setup-verl.sh builds .venv-verl: verl 0.9.1 as its users install it)."""
+    python = REPO / ".venv-verl" / "bin" / "python"
+    if not python.exists():
+        skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-verl.sh builds it)")
+    return python

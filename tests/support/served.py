@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.support.requirements import REPO
+
 PROBE = {"probe": "tests.flows.serve_probe:probe"}
 SCHEDULES = {"probe": {"interval_s": 3600, "active": False, "parameters": {"params": {"tag": "scheduled", "n": 2}}}}
 
@@ -36,10 +38,13 @@ def start_served(prefect_server: Any, root: Path) -> Any:
             "prefect.work_pool": "arenaforge-test",
             "prefect.schedules": SCHEDULES,
             "prefect.worker_limit": 4,
+            "project_dir": str(root),
         },
         environ={},
     )
-    stack = Stack(cfg, flows=served_flows(), extra_env={"PREFECT_LOGGING_LEVEL": "INFO"})
+    # flow runs work in `root` (the project directory); the probe flow lives in tests/, so its
+    # import path is added (arenaforge itself is installed)
+    stack = Stack(cfg, flows=served_flows(), extra_env={"PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(REPO)})
     stack.warehouse = Warehouse(db, lock_timeout_s=60)  # type: ignore[attr-defined]
     stack.__enter__()
     return stack

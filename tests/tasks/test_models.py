@@ -18,7 +18,7 @@ from arenaforge.schemas.errors import (
     ProviderUnreachable,
 )
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.models import ChatRequest, complete_json
+from arenaforge.tasks.models import ANSWER_TOKENS, ChatRequest, complete_json
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
 from tests.support.models import http_model as chat_model
 
@@ -223,3 +223,48 @@ def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
     expected = sha256_hex(canonical_json({"model": "m", **req.model_dump(mode="json", exclude={"step", "tool_choice"})}))
     assert req.cache_key("m") == expected
     assert req.model_copy(update={"tool_choice": "none"}).cache_key("m") != expected
+
+
+def test_every_request_is_booked_with_its_cost_class_and_wasted_tokens(scripted_openai, tmp_warehouse):
+    # one answer re-asked once (its 15 tokens are wasted), one server error, one answer that never validates
+    scripted_openai.script([chat_completion(content="no json here"), chat_completion(content='{"city": "Oslo"}'),
+                            Reply(status=500), chat_completion(content="[1"), chat_completion(content="[1")])
+    with chat_model(_cfg(scripted_openai.url, max_reasks=1), tmp_warehouse, run_id="run-acc") as model:
+        async def go():
+            assert await complete_json(model, "geo", [{"role": "user", "content": "a"}], SCHEMA) == {"city": "Oslo"}
+            with pytest.raises(ProviderError):
+                await model.complete(ChatRequest(step="chat", messages=[{"role": "user", "content": "b"}]))
+            with pytest.raises(ParseError):
+                await complete_json(model, "geo", [{"role": "user", "content": "c"}], SCHEMA)
+        asyncio.run(go())
+    _, rows = tmp_warehouse.query("SELECT step, cost_class, error_kind, reasks, prompt_tokens + completion_tokens, "
+                                  "wasted_tokens FROM llm_calls WHERE run_id = 'run-acc' ORDER BY call_id")
+    assert rows == [("geo", "sent", None, 1, 30, 15), ("chat", "failed", "provider_failed", 0, 0, 0),
+                    ("geo", "failed", "invalid_output", 0, 30, 30)]
+
+
+def test_every_request_carries_a_seed_and_the_steps_token_budget(scripted_openai):
+    scripted_openai.responder = lambda req: chat_completion(content='{"city": "Oslo"}')
+    with chat_model(_cfg(scripted_openai.url, seed=11, max_tokens=4096)) as model:
+        async def go():
+            await complete_json(model, "sft.score_query", [{"role": "user", "content": "a"}], SCHEMA)
+            await complete_json(model, "sft.score_query", [{"role": "user", "content": "b"}], SCHEMA, seed=5)
+            await model.complete(ChatRequest(step="free", messages=[{"role": "user", "content": "c"}]))
+        asyncio.run(go())
+    first, second, third = scripted_openai.chat_requests()
+    assert (first["seed"], second["seed"], third["seed"]) == (11, 5, 11)
+    assert first["max_tokens"] == ANSWER_TOKENS["sft.score_query"] < 4096 and third["max_tokens"] == 4096
+
+
+def test_request_timeout_starts_when_the_request_is_sent(scripted_openai):
+    # one slot: the second request waits ~1.2 s in our own queue, then is answered 1.2 s after it is sent; its
+    # timeout (2 s) counts only the second part, so both succeed with no retry
+    scripted_openai.responder = lambda req: Reply(body=chat_completion(content="late"), delay_s=1.2)
+    with chat_model(_cfg(scripted_openai.url, timeout_s=2.0, concurrency_initial=1, concurrency_max=1,
+                         max_retries=0)) as model:
+        async def go():
+            return await asyncio.gather(*[model.complete(ChatRequest(step="s", messages=[
+                {"role": "user", "content": str(i)}])) for i in range(2)])
+        answers = asyncio.run(go())
+    assert [a.message.content for a in answers] == ["late", "late"] and all(a.attempts == 1 for a in answers)
+    assert scripted_openai.max_in_flight == 1 and len(scripted_openai.chat_requests()) == 2

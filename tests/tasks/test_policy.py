@@ -114,3 +114,21 @@ def test_hf_engine_batches_concurrent_requests_and_cuts_each_answer(tokenizer):
             logits = engine.model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3)
+
+
+def test_hf_engine_samples_each_request_with_its_own_seed(tokenizer):
+    """A request's tokens depend on its own seed only, not on the batch it shared (issue 11)."""
+    engine = build_engine("hf", model_path=tiny_model_path())
+    prompt = tokenizer.encode("def f(x):", add_special_tokens=False)
+    other = tokenizer.encode("import os", add_special_tokens=False)
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=s) for s in (7, 8, 9)]
+
+    async def batch():
+        return await asyncio.gather(engine.generate(prompt, params[0]), engine.generate(other, params[1]),
+                                    engine.generate(prompt, params[2]))
+
+    together = asyncio.run(batch())
+    alone = asyncio.run(engine.generate(prompt, params[0]))
+    assert engine.batches[0] == 3
+    assert together[0].token_ids == alone.token_ids and together[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert together[0].token_ids != together[2].token_ids  # same prompt, another seed: another sample

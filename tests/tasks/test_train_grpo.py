@@ -214,7 +214,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     first = asyncio.run(train_grpo(cfg, tiny_model_path(), factory, InProcessPool(), envs, tmp_warehouse, "run_a"))
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
     steps = tmp_warehouse.load(TrainStep)
-    assert [s.step for s in steps] == [1, 2] and all("skipped" not in s.metrics for s in steps)
+    assert [s.step for s in steps] == [1, 2] and all(s.metrics["skipped"] == 0 for s in steps)
     assert all(0 < s.metrics["reward"] < 1 and s.metrics["grad_norm"] > 0 for s in steps)
     assert len(tmp_warehouse.load(Checkpoint)) == 2
     assert tmp_warehouse.query("SELECT count(*) FROM rollouts")[1][0][0] >= 4
@@ -223,3 +223,43 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     second = asyncio.run(train_grpo(resumed, tiny_model_path(), factory, InProcessPool(), envs, tmp_warehouse, "run_b"))
     assert (second.first_step, second.last_step) == (3, 3) and second.resumed_from.endswith("step-000002")
     assert [s.step for s in tmp_warehouse.load(TrainStep)] == [1, 2, 3]
+
+
+def test_every_training_flow_parameter_is_described():
+    """The Prefect forms show these descriptions; placeholders that markdown eats (`<out_dir>`) are not used."""
+    from pydantic import BaseModel
+
+    from arenaforge.tasks.train import jobs
+
+    seen: set[type] = set()
+
+    def walk(model: type[BaseModel]) -> list[str]:
+        seen.add(model)
+        missing = []
+        for name, field in model.model_fields.items():
+            if not field.description or "<" in field.description:
+                missing.append(f"{model.__name__}.{name}")
+            kind = field.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel) and kind not in seen:
+                missing += walk(kind)
+        return missing
+
+    models = (jobs.GrpoParams, jobs.EvalParams, jobs.RolloutParams, jobs.SftParams, jobs.WarmstartParams)
+    assert [m for model in models for m in walk(model)] == []
+
+
+def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
+    from arenaforge.schemas.kinds_training import TrainStep
+    from arenaforge.tasks.train.curves import curves_figure, save_curves
+
+    warm = [TrainStep(experiment="x-warmstart", algorithm="sft", step=i, metrics={"loss": 3.0 / i}) for i in (1, 2, 3)]
+    grpo = [TrainStep(experiment="x", algorithm="grpo", step=1, metrics={"reward": 0.4, "zero_variance_share": 0.25,
+                                                                         "loss": 0.01, "skipped": 0.0}),
+            TrainStep(experiment="x", algorithm="grpo", step=2, metrics={"reward": 0.0, "zero_variance_share": 1.0,
+                                                                         "loss": 0.0, "skipped": 1.0})]
+    fig = curves_figure(warm, grpo, title="x")
+    labels = [t.get_text() for ax in fig.axes for legend in [ax.get_legend()] if legend for t in legend.get_texts()]
+    assert any("skipped step (1)" in label for label in labels) and "SFT loss" in labels
+    first = save_curves(fig, tmp_path, "train-grpo-x", "run_a")
+    second = save_curves(curves_figure(warm, grpo), tmp_path, "train-grpo-x", "run_b")  # a resumed run: new file
+    assert first != second and first.exists() and second.exists() and first.stat().st_size > 5_000

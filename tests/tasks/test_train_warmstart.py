@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from arenaforge.schemas.models import GoldCall
+from arenaforge.schemas.models import GoldCall, ToolObservation
 from arenaforge.tasks.train.sft import encode, load_examples
 from arenaforge.tasks.train.warmstart import warmstart_examples, write_jsonl
 from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
@@ -55,3 +55,22 @@ def test_envs_whose_gold_calls_fail_are_rejected():
     examples, rejections = asyncio.run(warmstart_examples(InProcessPool(), [tiny_env(), broken, no_calls]))
     assert len(examples) == 1 and examples[0]["env_id"] == tiny_env().id
     assert sorted(r.reason for r in rejections) == ["gold_call_failed", "no_gold_calls"]
+
+
+def test_independent_gold_calls_share_a_turn():
+    """Parallel branches are issued together; a call that uses an earlier answer waits for the next turn."""
+    from arenaforge.schemas.models import GoldCall
+    from arenaforge.tasks.train.warmstart import call_waves, conversation
+
+    env = tiny_env().model_copy(update={"calls": [
+        GoldCall(tool="get_capital", arguments={"country": "Freedonia"}, answer="Quaxton"),
+        GoldCall(tool="get_capital", arguments={"country": "Sylvania"}, answer="Ostia"),
+        GoldCall(tool="get_population", arguments={"city": "Quaxton"}, answer="81234"),
+        GoldCall(tool="get_population", arguments={"city": "Ostia"}, answer="5150")]})
+    assert call_waves(env) == [[0, 1], [2, 3]]
+    obs = [ToolObservation(outcome="ok", output=o) for o in ("Quaxton", "Ostia", "81234", "5150")]
+    messages = conversation(env, obs)["messages"]
+    assistant = [m for m in messages if m["role"] == "assistant"]
+    assert [len(m.get("tool_calls", [])) for m in assistant] == [2, 2, 0]
+    assert [m["tool_call_id"] for m in messages if m["role"] == "tool"] == ["call_0_0", "call_0_1", "call_1_0", "call_1_1"]
+    assert assistant[-1]["content"] == "The answer is 81234, 5150."

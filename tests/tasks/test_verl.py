@@ -1,9 +1,11 @@
-"""verl hand-off: the agent loop core with a scripted server manager, the tool, dataset, job spec."""
+"""verl hand-off: the agent loop core with a scripted server manager, the tool, dataset, job spec; and the
+export run through stock verl 0.9.1's own dataset, agent-loop worker and loops (in the verl venv)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass
 
 import pyarrow.parquet as pq
@@ -11,7 +13,7 @@ import pytest
 
 from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
-from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, write_dataset
+from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
 from arenaforge.tasks.verl.job import VerlJobSpec, write_job
 from arenaforge.tasks.verl.reward import compute_score
 from arenaforge.tasks.verl.tool import ArenaTool
@@ -47,15 +49,24 @@ class ScriptedServerManager:
 
 def _sample_kwargs(env):
     """What verl passes to run(): the dataset row's non-tensor fields (built like dataset.py does)."""
-    row = dataset_rows([env])[0]
-    return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"], "agent_name": row["agent_name"]}
+    row = dataset_rows([env], verl_tool_names([env])[0], "train")[0]
+    return {"raw_prompt": row["prompt"], "extra_info": row["extra_info"], "agent_name": row["agent_name"],
+            "tools_kwargs": row["extra_info"]["tools_kwargs"]}
+
+
+@pytest.fixture
+def environments(tmp_path):
+    """An environments.jsonl (what the export writes beside the Parquet) holding tiny_env()."""
+    path = tmp_path / "environments.jsonl"
+    path.write_text(tiny_env().model_dump_json() + "\n")
+    return path
 
 
 @pytest.mark.parametrize("legacy", [False, True])
-def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy):
+def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy, environments):
     env = tiny_env()
     manager = ScriptedServerManager(tokenizer, solving_policy(env), legacy=legacy)
-    core = ArenaAgentCore(manager, tokenizer, InProcessPool(), RolloutConfig(max_turns=5))
+    core = ArenaAgentCore(manager, tokenizer, InProcessPool(), RolloutConfig(max_turns=5), environments)
     out = asyncio.run(core.run({"temperature": 0.7, "top_p": 0.9}, request_id="req-1", **_sample_kwargs(env)))
     assert out["reward_score"] == 1.0 and out["extra_fields"]["calls"] == 2 and out["extra_fields"]["env_failure"] == 0
     assert len(out["response_ids"]) == len(out["response_mask"]) == len(out["response_logprobs"])
@@ -68,10 +79,10 @@ def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy
     assert manager.calls[1][1] == out["prompt_ids"] + out["response_ids"][: len(manager.calls[1][1]) - len(out["prompt_ids"])]
 
 
-def test_agent_core_neutralises_environment_failures(tokenizer):
+def test_agent_core_neutralises_environment_failures(tokenizer, environments):
     env = tiny_env()
     core = ArenaAgentCore(ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
-                          InProcessPool(fail_calls_to={"get_population"}), RolloutConfig())
+                          InProcessPool(fail_calls_to={"get_population"}), RolloutConfig(), environments)
     out = asyncio.run(core.run({}, request_id="r", **_sample_kwargs(env)))
     assert out["extra_fields"]["env_failure"] == 1 and out["reward_score"] == 0.0
     assert sum(out["response_mask"]) == 0
@@ -79,11 +90,14 @@ def test_agent_core_neutralises_environment_failures(tokenizer):
 
 def test_dataset_rows_carry_the_environment(tmp_path):
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia")]
-    rows = pq.read_table(write_dataset(envs, tmp_path / "train.parquet")).to_pylist()
+    files = write_dataset_dir(envs, envs[:1], tmp_path / "verl")
+    rows = pq.read_table(files.train).to_pylist()
     assert [r["agent_name"] for r in rows] == [AGENT_NAME] * 2
     assert json.loads(rows[1]["reward_model"]["ground_truth"]) == ["Ostia", "81234"]
     assert rows[0]["prompt"][-1] == {"role": "user", "content": envs[0].question}
-    assert environment_from_kwargs({"extra_info": rows[1]["extra_info"]}) == envs[1]
+    assert environment_from_kwargs({"extra_info": rows[1]["extra_info"]}, files.environments) == envs[1]
+    assert rows[1]["extra_info"]["tools_kwargs"]["get_population"]["create_kwargs"] == {
+        "env_id": envs[1].id, "function": "get_population"}
 
 
 def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
@@ -96,6 +110,7 @@ def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
     assert o["actor_rollout_ref.rollout.n"] == "4" and o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     assert (tmp_path / "verl" / "train.parquet").exists() and (tmp_path / "verl" / "job.json").exists()
     assert "arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    assert o["actor_rollout_ref.rollout.multi_turn.tool_config_path"] == str(tmp_path / "verl" / "tool_config.yaml")
     assert job.entrypoint.startswith("python -m verl.trainer.main_ppo ")
 
 
@@ -105,7 +120,7 @@ def test_tool_lifecycle_and_reward():
     tool = ArenaTool(pool, name="get_capital")
 
     async def main():
-        iid, _ = await tool.create(create_kwargs={"env_json": env.model_dump_json()})
+        iid, _ = await tool.open(env)
         text, _, info = await tool.execute(iid, {"country": "Freedonia"})
         population, _, _ = await tool.execute(iid, {"city": text}, tool_name="get_population")
         reward = await tool.calc_reward(iid)
@@ -124,71 +139,33 @@ def test_compute_score_fallback_reads_tool_responses():
     assert score["recall"] == 0.5 and score["calls"] == 1 and score["score"] == pytest.approx(2 / 3)
 
 
-def test_verl_adapter_subclasses_agent_loop_base():
-    pytest.importorskip("verl", reason="optional: verl is an extra (pip install 'arenaforge[verl]')")
-    from verl.experimental.agent_loop.agent_loop import AgentLoopBase
+def test_export_runs_through_stock_verl(tmp_path):
+    """The export (train/val Parquet, agent_loops.yaml, tool_config.yaml) through verl 0.9.1's own code, in the
+    verl venv: the trainer config composed with our overrides, RLHFDataset, AgentLoopWorker with our
+    `arena_agent` loop and verl's stock `tool_agent` loop (our tools), verl's loading of our reward function;
+    a scripted LLM replays the gold calls, so every sample must score 1 under both loops."""
+    import subprocess
 
-    from arenaforge.tasks.verl.verl_adapter import ArenaAgentLoop
+    from arenaforge.tasks.envs.export import write_verl
+    from tests.support.requirements import REPO, require_verl_venv
 
-    assert issubclass(ArenaAgentLoop, AgentLoopBase)
-
-
-def test_verl_adapter_against_a_stub_of_verl_0_9_agent_loop_module(tokenizer, monkeypatch):
-    """The adapter's config reads and output construction, with verl's module replaced by a stub of its 0.9.1 API."""
-    import sys
-    import types
-    from typing import Any, Optional
-
-    from pydantic import BaseModel
-
-    class AgentLoopMetrics(BaseModel):
-        generate_sequences: float = 0.0
-        tool_calls: float = 0.0
-
-    class AgentLoopOutput(BaseModel):
-        prompt_ids: list[int]
-        response_ids: list[int]
-        response_mask: list[int]
-        response_logprobs: Optional[list[float]] = None
-        reward_score: Optional[float] = None
-        num_turns: int = 0
-        metrics: AgentLoopMetrics
-        extra_fields: dict[str, Any] = {}
-
-    class AgentLoopBase:
-        def __init__(self, trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, **kw):
-            self.config = trainer_config.config
-            self.server_manager, self.tokenizer = server_manager, tokenizer
-
-    registry = {}
-
-    def register(name):
-        def deco(cls):
-            registry[name] = {"_target_": f"{cls.__module__}.{cls.__qualname__}"}
-            return cls
-        return deco
-
-    stub = types.ModuleType("verl.experimental.agent_loop.agent_loop")
-    stub.__dict__.update(AgentLoopBase=AgentLoopBase, AgentLoopOutput=AgentLoopOutput,
-                         AgentLoopMetrics=AgentLoopMetrics, register=register)
-    for name in ("verl", "verl.experimental", "verl.experimental.agent_loop"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, "verl.experimental.agent_loop.agent_loop", stub)
-    monkeypatch.delitem(sys.modules, "arenaforge.tasks.verl.verl_adapter", raising=False)
-    import arenaforge.tasks.verl.verl_adapter as adapter
-
-    monkeypatch.setitem(sys.modules, "arenaforge.tasks.verl.verl_adapter", adapter)  # removed again at teardown
-
-    monkeypatch.setattr(adapter, "_POOL", InProcessPool())
-    ns = types.SimpleNamespace
-    config = ns(actor_rollout_ref=ns(rollout=ns(response_length=400, multi_turn=ns(max_assistant_turns=5))))
-    env = tiny_env()
-    loop = adapter.ArenaAgentLoop(ns(config=config), ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
-                                  None, None, ns(config={}))
-    out = asyncio.run(loop.run({"temperature": 1.0}, **_sample_kwargs(env)))
-    assert registry == {"arena_agent": {"_target_": "arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop"}}
-    assert isinstance(out, AgentLoopOutput) and out.reward_score == 1.0 and out.extra_fields["calls"] == 2
-    assert len(out.response_ids) == len(out.response_mask) <= 400 and out.metrics.generate_sequences >= 0
+    python = require_verl_venv()
+    envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia"), tiny_env(country="Borduria", capital="Szohod")]
+    files = write_verl(envs, tmp_path / "verl")
+    proc = subprocess.run([str(python), "-m", "tests.support.verl_stock_check", str(files.train.parent),
+                           str(tiny_model_path())], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "ARENAFORGE_SANDBOX__BACKEND": "process"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["rows"] == 3 and report["splits"] == ["train", "val"]
+    first = report["first_row"]
+    assert first["agent_name"] == AGENT_NAME and sorted(first["tools_kwargs"]) == sorted(first["tool_selection"])
+    for agent in ("arena_agent", "tool_agent"):
+        out = report[agent]
+        assert out["reward_fn"] == [1.0] * 3 and out["tool_responses"] == out["gold_calls"] == [2, 2, 2], (agent, out)
+        assert all(0 < m < r for m, r in zip(out["model_tokens"], out["response_tokens"], strict=True)), out
+        assert out["logprobs_requested"] and out["requests"] == 9  # two calls and an answer per sample
+    assert report["arena_agent"]["rm_scores"] == [1.0] * 3  # our loop scores the episode itself
 
 
 def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, monkeypatch):
@@ -215,8 +192,8 @@ def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, mo
     monkeypatch.setitem(sys.modules, "ray.job_submission", job_submission)
     monkeypatch.setenv("ARENAFORGE_TRAIN__RAY_ADDRESS", "http://head:8265")
     tmp_warehouse.upsert([tiny_env()])
-    out = grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
-                              envs=EnvSelection(split="all"), experiment="big"))
+    out = asyncio.run(grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
+                                          envs=EnvSelection(split="all"), experiment="big")))
     assert submitted["address"] == "http://head:8265" and out["ray_job_id"].startswith("big-")
     assert submitted["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
     assert "verl==0.9.1" in submitted["runtime_env"]["pip"]

@@ -8,10 +8,38 @@ Public API (everything else here is internal):
     await pool.close(session); await pool.shutdown()  # or: async with await create_pool(cfg) as pool
     observations = await run_calls(pool, env, env.calls)  # a fresh session, closed afterwards
 
-See docs/SANDBOX.md for the limits and how they are enforced.
+When the sandbox itself fails a request, `open`/`call` raise an `EnvironmentFailure` (Overloaded,
+WorkerLost, SessionLost, IsolationFailure): never the agent's fault. See docs/SANDBOX.md.
 """
 
+from arenaforge.environments.runtime.errors import (
+    EnvironmentFailure,
+    EnvLoadError,
+    IsolationFailure,
+    Overloaded,
+    SessionLost,
+    SpawnFailure,
+    UntrustedCodeRefused,
+    WorkerLost,
+)
 from arenaforge.environments.runtime.image import build_image, image_ref, image_tag
-from arenaforge.environments.runtime.pool import EnvLoadError, Pool, Session, create_pool, run_calls
+from arenaforge.environments.runtime.pool import Pool, Session, create_pool, model_written, run_calls
 
-__all__ = ["EnvLoadError", "Pool", "Session", "build_image", "create_pool", "image_ref", "image_tag", "run_calls"]
+__all__ = [
+    "EnvLoadError",
+    "EnvironmentFailure",
+    "IsolationFailure",
+    "Overloaded",
+    "Pool",
+    "Session",
+    "SessionLost",
+    "SpawnFailure",
+    "UntrustedCodeRefused",
+    "WorkerLost",
+    "build_image",
+    "create_pool",
+    "image_ref",
+    "image_tag",
+    "model_written",
+    "run_calls",
+]

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,23 @@ from arenaforge.schemas.errors import SandboxError
 
 log = logging.getLogger("arenaforge.sandbox")
 
-WORKER_PATH = Path(__file__).with_name("worker.py")
-WORKER_IN_IMAGE = "/opt/arenaforge/worker.py"
-WORKER_COMMAND = ["/usr/bin/python3", "-I", "-S", WORKER_IN_IMAGE]
+WORKER_DIR = Path(__file__).with_name("worker")  # the worker package (standard library only)
+WORKER_ROOT_IN_IMAGE = "/opt/arenaforge"
+# -I keeps the script's directory off sys.path, so the boot line puts the package's parent there
+BOOT = "import sys; sys.path.insert(0, {root!r}); from worker.server import main; main()"
+
+
+def worker_argv(python: str, root: str | Path = WORKER_DIR.parent) -> list[str]:
+    """The command that starts a worker with `python` from the package under `root`."""
+    return [python, "-I", "-S", "-c", BOOT.format(root=str(root))]
+
+
+def worker_sources() -> dict[str, bytes]:
+    """The worker package's files, by name (what the image holds and its tag hashes)."""
+    return {p.name: p.read_bytes() for p in sorted(WORKER_DIR.glob("*.py"))}
+
+
+WORKER_COMMAND = worker_argv("/usr/bin/python3", WORKER_ROOT_IN_IMAGE)
 ROOTFS_RECIPE = {
     "suite": "bookworm",
     "variant": "minbase",
@@ -39,7 +54,7 @@ ROOTFS_RECIPE = {
 }
 DOCKERFILE = f"""\
 FROM {{base}}
-COPY worker.py {WORKER_IN_IMAGE}
+COPY worker {WORKER_ROOT_IN_IMAGE}/worker
 ENV PATH=/usr/bin:/bin LANG=C.UTF-8 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /tmp
 CMD {json.dumps(WORKER_COMMAND)}
@@ -57,7 +72,8 @@ def rootfs_hash() -> str:
 
 def image_tag() -> str:
     """Hash of the recipe: rootfs parameters, Dockerfile and worker source."""
-    return _digest({"rootfs": ROOTFS_RECIPE, "dockerfile": DOCKERFILE, "worker": WORKER_PATH.read_text()})
+    worker = {name: hashlib.sha256(data).hexdigest() for name, data in worker_sources().items()}
+    return _digest({"rootfs": ROOTFS_RECIPE, "dockerfile": DOCKERFILE, "worker": worker})
 
 
 def image_ref(name: str) -> str:
@@ -165,7 +181,9 @@ def build_image(client: Any, name: str, force: bool = False) -> str:
             raise SandboxError(f"docker import of {tarball} did not produce {base}")
     context = io.BytesIO()
     with tarfile.open(fileobj=context, mode="w") as tar:
-        for arcname, data in (("Dockerfile", DOCKERFILE.format(base=base).encode()), ("worker.py", WORKER_PATH.read_bytes())):
+        files = {"Dockerfile": DOCKERFILE.format(base=base).encode()}
+        files.update({f"worker/{name}": data for name, data in worker_sources().items()})
+        for arcname, data in files.items():
             info = tarfile.TarInfo(arcname)
             info.size = len(data)
             info.mode = 0o644
@@ -181,12 +199,19 @@ def build_image(client: Any, name: str, force: bool = False) -> str:
 
 
 def _remove_old_tags(client: Any, name: str, keep: str) -> None:
-    """Drop images of earlier recipes (best effort: one still used by a container stays)."""
+    """Drop images of earlier recipes once they are a day old (other checkouts on this engine may still use a
+    recent one; best effort: one still used by a container stays)."""
     import docker.errors
 
+    cutoff = time.time() - 86400
     for image in client.images.list(name=name):
+        created = str(image.attrs.get("Created", ""))[:19]
+        try:
+            old = time.mktime(time.strptime(created, "%Y-%m-%dT%H:%M:%S")) - time.timezone < cutoff
+        except ValueError:
+            old = False
         for tag in image.tags:
-            if tag.startswith(f"{name}:") and tag != keep:
+            if old and tag.startswith(f"{name}:") and tag != keep:
                 try:
                     client.images.remove(tag, noprune=False)
                 except docker.errors.APIError:

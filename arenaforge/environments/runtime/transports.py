@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 
-from arenaforge.environments.runtime.image import WORKER_COMMAND, WORKER_PATH, build_image
+from arenaforge.environments.runtime.image import WORKER_COMMAND, WORKER_DIR, build_image, worker_argv
 
 log = logging.getLogger("arenaforge.sandbox")
 
@@ -50,6 +50,7 @@ class Launcher(Protocol):
     backend: str
     scratch_root: str
     can_setuid: bool
+    hide_paths: list[str]
 
     async def prepare(self) -> None: ...
 
@@ -105,11 +106,15 @@ class ProcessLauncher:
         self.scratch_root = ""
         self.python = sys.executable
         self.setuid_ok = False
+        self.hide_paths: list[str] = []
 
     async def prepare(self) -> None:
+        # sessions make their (unguessably named) scratch dirs here only where private mounts are refused:
+        # they may create, never list
         self.scratch_root = tempfile.mkdtemp(prefix="arenaforge-scratch-")
-        os.chmod(self.scratch_root, 0o1777)
-        self.python, self.setuid_ok = await asyncio.to_thread(_pick_python)
+        os.chmod(self.scratch_root, 0o1733)
+        self.python, self.setuid_ok, stdlib = await asyncio.to_thread(_pick_python)
+        self.hide_paths = _paths_to_hide(stdlib)
 
     @property
     def can_setuid(self) -> bool:
@@ -119,10 +124,7 @@ class ProcessLauncher:
         # -I -S: no environment variables, user site or site-packages: tool code sees the stdlib only, as in the image
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         proc = await asyncio.create_subprocess_exec(
-            self.python,
-            "-I",
-            "-S",
-            str(WORKER_PATH),
+            *worker_argv(self.python),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
@@ -138,38 +140,55 @@ class ProcessLauncher:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
 
 
-def _world_readable_stdlib(python: str) -> bool:
-    """Whether an unprivileged session uid could import this interpreter's standard library."""
+def _stdlib_dir(python: str) -> str:
     import subprocess
 
     try:
-        out = subprocess.run(
+        return subprocess.run(
             [python, "-I", "-S", "-c", "import os; print(os.path.dirname(os.__file__))"],
             capture_output=True, text=True, timeout=30, env={},
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return False
-    if not out:
-        return False
-    path = Path(out).resolve()
+        return ""
+
+
+def _world_readable(path: Path) -> bool:
+    """Whether an unprivileged session uid could read `path` (every parent traversable)."""
     for part in [path, *path.parents]:
         try:
             if not part.stat().st_mode & 0o001:
                 return False
         except OSError:
             return False
-    return bool(path.stat().st_mode & 0o004) and os.access(python, os.X_OK)
+    return bool(path.stat().st_mode & 0o004)
 
 
-def _pick_python() -> tuple[str, bool]:
-    """This interpreter, or the system one when ours lives where other uids cannot read (e.g. under /root)."""
+def _pick_python() -> tuple[str, bool, str]:
+    """(python, uid switching possible, its stdlib dir): this interpreter, or the system one when ours lives where
+    other uids cannot read (e.g. under /root)."""
     if os.geteuid() != 0:
-        return sys.executable, False
+        return sys.executable, False, _stdlib_dir(sys.executable)
     for candidate in (sys.executable, "/usr/bin/python3", shutil.which("python3") or ""):
-        if candidate and Path(candidate).exists() and _world_readable_stdlib(candidate):
-            return candidate, True
+        if candidate and Path(candidate).exists() and os.access(candidate, os.X_OK):
+            stdlib = _stdlib_dir(candidate)
+            if stdlib and _world_readable(Path(stdlib).resolve()):
+                return candidate, True, stdlib
     log.warning("no Python with a world-readable standard library: process sandbox sessions will not switch uid")
-    return sys.executable, False
+    return sys.executable, False, _stdlib_dir(sys.executable)
+
+
+def _paths_to_hide(stdlib: str) -> list[str]:
+    """Host places a process-backend session has no business reading: this checkout (the warehouse and the source
+    tree usually live there), the working directory, home directories and /run (host sockets), minus whatever
+    holds the interpreter the sessions run on."""
+    needed = [Path(p).resolve() for p in (stdlib, sys.base_prefix) if p]
+    candidates = {WORKER_DIR.parents[3], Path.cwd(), Path.home(), Path("/root"), Path("/home"), Path("/run")}
+    keep = []
+    for path in sorted(p.resolve() for p in candidates if p.is_dir()):
+        if path == Path("/") or any(n == path or path in n.parents for n in needed):
+            continue
+        keep.append(str(path))
+    return keep
 
 
 # --------------------------------------------------------------------------- docker backend
@@ -256,6 +275,7 @@ class DockerLauncher:
     backend = "docker"
     scratch_root = "/tmp"
     can_setuid = True
+    hide_paths: list[str] = []
 
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
@@ -271,8 +291,9 @@ class DockerLauncher:
     def _reap_stale(self) -> None:
         """Remove containers left by pools of processes that died on this host."""
         host = socket.gethostname()
-        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}):
-            owner = container.labels.get(POOL_LABEL, "")
+        # sparse: no inspect per container, which fails when another pool's container goes away meanwhile
+        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}, sparse=True):
+            owner = (container.attrs.get("Labels") or {}).get(POOL_LABEL, "")
             owner_host, _, pid = owner.rpartition(":")
             if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
                 _remove_container(container)
@@ -283,13 +304,15 @@ class DockerLauncher:
         host_config = api.create_host_config(
             network_mode="none",
             read_only=True,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.scratch_mb}m,mode=1777"},
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.scratch_mb}m,mode=1733"},
             mem_limit=f"{cfg.container_memory_mb}m",
             memswap_limit=f"{cfg.container_memory_mb}m",
             pids_limit=cfg.container_pids,
             nano_cpus=int(cfg.cpus * 1e9),
             cap_drop=["ALL"],
-            cap_add=["SETUID", "SETGID"],  # only to drop each session to its own uid
+            # SETUID/SETGID: to drop each session to its own uid; SYS_ADMIN: to give each session private mounts,
+            # IPC and network; sessions themselves hold no capability and a seccomp filter refuses those syscalls
+            cap_add=["SETUID", "SETGID", "SYS_ADMIN"],
             security_opt=["no-new-privileges"],
             auto_remove=True,
             ipc_mode="private",

@@ -13,10 +13,23 @@ app = typer.Typer(help="Browse, query and export the DuckDB warehouse.", no_args
 
 @app.command()
 def tables(ctx: typer.Context) -> None:
-    """List every table and view with its row count."""
+    """List every table and view with its row count and what it holds."""
+    from arenaforge.warehouse.reports import relation_comments
+
     wh = state(ctx).warehouse()
-    rows = [(name, kind, wh.count(name)) for name, kind in wh.relations()]
-    print_rows(["name", "kind", "rows"], rows, title=str(wh.path))
+    about = relation_comments(wh)
+    rows = [(name, kind, wh.count(name), about.get(name, "")) for name, kind in wh.relations()]
+    print_rows(["name", "kind", "rows", "about"], rows, title=str(wh.path), width=max(24, console.width - 48))
+
+
+@app.command()
+def describe(ctx: typer.Context, table: str = typer.Argument(..., help="Table or view.")) -> None:
+    """The columns of a table or view: type and comment."""
+    from arenaforge.warehouse.reports import relation_columns, relation_comments
+
+    wh = state(ctx).warehouse()
+    print_rows(["column", "type", "about"], relation_columns(wh, table),
+               title=f"{table}: {relation_comments(wh).get(table, '')}", full=True)
 
 
 @app.command()
@@ -25,15 +38,16 @@ def show(
     table: str = typer.Argument(..., help="Table or view; `environments` shows the browsing view v_environments."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter, e.g. \"verified AND tools > 3\"."),
     limit: int = typer.Option(20, "--limit", "-n", min=1, help="Rows to print."),
+    run: str = typer.Option(None, "--run", help="Only rows written by this run (its run id)."),
 ) -> None:
-    """Print rows of a table or view (its browsing view v_<table> when one exists)."""
+    """Print rows of a table or view (its browsing view v_<table> when one exists); long cells are cut on screen."""
+    from arenaforge.warehouse.reports import browsing_name, relation_page
+
     wh = state(ctx).warehouse()
-    known = {n for n, _ in wh.relations()}
-    name = f"v_{table}" if f"v_{table}" in known else table
-    wh.require_relation(name)
-    sql = f'SELECT * FROM "{name}"' + (f" WHERE {where}" if where else "") + f" LIMIT {limit}"
-    columns, rows = wh.query(sql)
-    print_rows(columns, rows, title=f"{name} ({len(rows)} rows shown)")
+    page = relation_page(wh, browsing_name(wh, table), where, run, limit)
+    more = "; --limit N shows more" if page.total > len(page.rows) else ""
+    matching = " matching" if where or run else ""
+    print_rows(page.columns, page.rows, title=f"{page.name}: {len(page.rows)} of {page.total} rows{matching}{more}")
 
 
 @app.command()

@@ -56,8 +56,9 @@ def synth(
             overrides=st.overrides)
     except ValueError as err:
         raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
-    counts = run_flow(envs(params))
-    typer.echo(json.dumps(counts, indent=2))
+    from arenaforge.flows.outcome import run_and_report
+
+    run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))
 
 
 def _load_env(wh: Any, env_id: str) -> Any:
@@ -110,32 +111,15 @@ def export(
     fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl (repeatable)."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter over the environments table."),
     limit: int = typer.Option(None, help="At most this many environments."),
-    image: str = typer.Option(None, help="Base image for Harbor Dockerfiles (default: the sandbox image)."),
+    image: str = typer.Option(None, help="Base image of the Harbor task containers (default python:3.11-slim; "
+                                         "any image with python3)."),
 ) -> None:
-    """Export verified environments: verl Parquet, Harbor task dirs, JSON-lines."""
-    from arenaforge.schemas.models import Environment
-    from arenaforge.tasks.envs.export import write_harbor, write_jsonl, write_verl
+    """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
+    from arenaforge.tasks.envs.export import BASE_IMAGE, export_environments, verified_environments
+    from arenaforge.tasks.train.splits import held_out_ids
 
     st = state(ctx)
-    wh = st.warehouse()
-    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
-    envs = wh.load(Environment, where=cond, limit=limit)
-    if not envs:
-        raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
+    envs = verified_environments(st.warehouse(), where, limit)
     root = Path(out or Path(st.config.out_dir) / "envs")
-    unknown = set(fmt) - {"verl", "harbor", "jsonl"}
-    if unknown:
-        raise InputError(f"unknown export formats {sorted(unknown)}; use verl, harbor, jsonl")
-    written: dict[str, Any] = {"environments": len(envs)}
-    if "verl" in fmt:
-        written["verl"] = str(write_verl(envs, root / "verl.parquet"))
-    if "jsonl" in fmt:
-        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
-    if "harbor" in fmt:
-        if image is None:
-            from arenaforge.environments.runtime import image_ref
-
-            image = image_ref(st.config.sandbox.image)
-        written["harbor"] = str(root / "harbor")
-        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", image=image))
-    typer.echo(json.dumps(written, indent=2))
+    held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
+    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Evaluate a policy on held-out environments.", no_args_is_help=True)
 
@@ -15,13 +15,17 @@ app = typer.Typer(help="Evaluate a policy on held-out environments.", no_args_is
 def run_cmd(
     ctx: typer.Context,
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
-    model_path: str = typer.Option(None, help="HF model dir or checkpoint (default: the tiny model)."),
+    model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
     served_model: str = typer.Option(None),
     samples: int = typer.Option(1, help="Episodes per environment."),
-    env_limit: int = typer.Option(None), split: str = typer.Option("eval", help="all, train or eval."),
-    max_turns: int = typer.Option(8), max_length: int = typer.Option(2048), max_tokens_per_turn: int = typer.Option(256),
-    temperature: float = typer.Option(0.0), concurrency: int = typer.Option(32), seed: int = typer.Option(0),
+    env_limit: int = typer.Option(None, help="At most this many environments."),
+    split: str = typer.Option("test", help="test (default), train or all."),
+    max_turns: int = typer.Option(4, help="Assistant turns per episode (training's limit by default)."),
+    max_length: int = typer.Option(384, help="Response tokens per episode."),
+    max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."), concurrency: int = typer.Option(32),
+    seed: int = typer.Option(0),
 ) -> None:
     """Mean F1, recall, precision, calls per task and failure reasons; stored as an eval_runs row."""
     from arenaforge.flows.train_flows import evaluate
@@ -35,4 +39,8 @@ def run_cmd(
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )
-    typer.echo(json.dumps(evaluate(params), indent=2, default=str))
+    result = run_flow(evaluate(params))
+    typer.echo(json.dumps(result, indent=2, default=str))
+    from arenaforge.flows.commands.train import print_eval_table
+
+    print_eval_table({result.get("policy", "policy"): result}, title=f"{params.envs.split} split")

@@ -20,10 +20,11 @@ def build(
     """Run the `graph` flow: data-flow edges (plus model-proposed chains on the openai backend) into graph_edges."""
     from arenaforge.flows.sft_flows import GraphParams, graph
 
+    from arenaforge.flows.outcome import run_and_report
+
     st = state(ctx)
-    counts = run_flow(graph(GraphParams(servers=list(server or []), config_path=st.config_path,
-                                        overrides=st.overrides)))
-    typer.echo(json.dumps(counts, indent=2))
+    run_and_report("graph", st.warehouse(), lambda: run_flow(graph(GraphParams(
+        servers=list(server or []), config_path=st.config_path, overrides=st.overrides))))
 
 
 @app.command("show")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from arenaforge.flows.context import run_flow, state
@@ -31,7 +29,8 @@ def ingest(
     from arenaforge.flows.sft_flows import IngestParams
     from arenaforge.flows.sft_flows import ingest as ingest_flow
 
+    from arenaforge.flows.outcome import run_and_report
+
     st = state(ctx)
-    counts = run_flow(ingest_flow(IngestParams(paths=list(paths or []), mcp=list(mcp or []),
-                                               config_path=st.config_path, overrides=st.overrides)))
-    typer.echo(json.dumps(counts, indent=2))
+    run_and_report("ingest", st.warehouse(), lambda: run_flow(ingest_flow(IngestParams(
+        paths=list(paths or []), mcp=list(mcp or []), config_path=st.config_path, overrides=st.overrides))))

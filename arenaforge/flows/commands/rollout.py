@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Run policy rollouts in environments with the F1 reward.", no_args_is_help=True)
 
@@ -15,7 +15,7 @@ app = typer.Typer(help="Run policy rollouts in environments with the F1 reward."
 def run_cmd(
     ctx: typer.Context,
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
-    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model)."),
+    model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
     served_model: str = typer.Option(None),
     samples: int = typer.Option(1, help="Episodes per environment."),
@@ -35,4 +35,4 @@ def run_cmd(
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )
-    typer.echo(json.dumps(rollout(params), indent=2, default=str))
+    typer.echo(json.dumps(run_flow(rollout(params)), indent=2, default=str))

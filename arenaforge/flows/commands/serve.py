@@ -42,7 +42,8 @@ def serve(
             title=f"{len(stack.deployments)} deployments on work pool {cfg.prefect.work_pool!r}",
         )
         console.print(f"UI: [bold]{stack.ui_url()}[/bold]   API: {stack.api_url}")
-        console.print(f"warehouse: {cfg.warehouse.path}   logs: {stack._logs()}")
+        console.print(f"project: {stack.project_dir()} (flow runs resolve relative paths here)")
+        console.print(f"warehouse: {stack.child_env()['ARENAFORGE_WAREHOUSE__PATH']}   logs: {stack._logs()}")
         console.print("Ctrl-C stops the worker, its flow runs and the server.")
         stack.wait()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abort the clean stop

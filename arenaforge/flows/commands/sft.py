@@ -22,10 +22,12 @@ def synth(
     """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
     from arenaforge.flows.sft_flows import SftParams, sft
 
+    from arenaforge.flows.outcome import run_and_report
+
     st = state(ctx)
-    counts = run_flow(sft(SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
-                                    config_path=st.config_path, overrides=st.overrides)))
-    typer.echo(json.dumps(counts, indent=2))
+    run_and_report("sft", st.warehouse(), lambda: run_flow(sft(SftParams(
+        servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
+        config_path=st.config_path, overrides=st.overrides))))
 
 
 @app.command("export")

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import state
+from arenaforge.flows.context import run_flow, state
 
 app = typer.Typer(help="Train policies: GRPO and SFT, on one node or via verl.", no_args_is_help=True)
 
@@ -35,49 +35,70 @@ def build_tiny_model_cmd(
     _echo({"path": str(path)})
 
 
+def print_eval_table(evals: dict[str, dict[str, Any]], title: str = "test split") -> None:
+    """The untrained / warm start / warm start + GRPO table, on the terminal."""
+    from arenaforge.flows.display import print_rows
+    from arenaforge.flows.train_flows import eval_rows
+
+    rows = eval_rows(evals)
+    if rows:
+        print_rows(list(rows[0]), [list(r.values()) for r in rows], title=title, width=40)
+
+
 @app.command("grpo")
 def grpo_cmd(
     ctx: typer.Context,
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
-    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model, built on demand)."),
+    model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint, e.g. http://127.0.0.1:8000/v1."),
     served_model: str = typer.Option(None, help="vllm: served model name."),
     experiment: str = typer.Option("grpo", help="Experiment name (checkpoint directory; resumes when it exists)."),
-    out_dir: str = typer.Option(None, help="Parent directory of experiments (default: <out_dir>/train)."),
+    out_dir: str = typer.Option(None, help="Parent directory of experiments (default: the config's out_dir + /train)."),
     steps: int = typer.Option(3, help="Total optimisation steps (a resumed run continues up to this)."),
-    batch_groups: int = typer.Option(2, help="Groups per batch."),
-    group_size: int = typer.Option(4, help="Rollouts per group (G)."),
+    batch_groups: int = typer.Option(4, help="Groups per batch."),
+    group_size: int = typer.Option(8, help="Rollouts per group (G)."),
     delta: float = typer.Option(0.0, help="Keep groups whose reward std exceeds this."),
     roc: bool = typer.Option(False, help="Resample-on-Correct (oversample 2G, keep G)."),
-    max_groups_per_step: int = typer.Option(32, help="Stop filling a batch after this many groups."),
-    lr: float = typer.Option(2e-6, help="Learning rate (constant)."),
+    max_groups_per_step: int = typer.Option(32, help="Stop filling a batch after this many groups (then skip)."),
+    curriculum: bool = typer.Option(True, help="Pick environments by measured pass rate; --no-curriculum cycles."),
+    lr: float = typer.Option(5e-5, help="Learning rate (constant)."),
     temperature: float = typer.Option(1.0, help="Rollout sampling temperature."),
-    warmstart_steps: int = typer.Option(0, help="First SFT this many steps on the envs' gold-call conversations."),
-    warmstart_lr: float = typer.Option(5e-3, help="Warm-start SFT learning rate."),
-    max_turns: int = typer.Option(4), max_length: int = typer.Option(512), max_tokens_per_turn: int = typer.Option(64),
+    warmstart_steps: int = typer.Option(0, help="First SFT this many steps on gold-call replays + kept trajectories."),
+    warmstart_lr: float = typer.Option(1e-3, help="Warm-start SFT learning rate."),
+    warmstart_trajectories: int = typer.Option(200, help="Kept SFT-track trajectories in the warm-start data (at most)."),
+    max_turns: int = typer.Option(4, help="Assistant turns per episode."),
+    max_length: int = typer.Option(384, help="Response tokens per episode."),
+    max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
     env_limit: int = typer.Option(None, help="Use at most this many environments."),
-    split: str = typer.Option("train", help="Environment split: all, train or eval."),
-    checkpoint_every: int = typer.Option(1, help="Save weights every k steps."),
+    split: str = typer.Option("train", help="Environment split: train (default), test or all."),
+    test_share: float = typer.Option(0.2, help="Held-out share of each stratum, for environments not yet split."),
+    evaluate: bool = typer.Option(True, help="Evaluate on the test split before, after the warm start, after GRPO."),
+    eval_limit: int = typer.Option(None, help="Evaluate on at most this many test environments."),
+    checkpoint_every: int = typer.Option(5, help="Save weights every k steps."),
     old_logprobs: str = typer.Option("policy", help="policy (on-policy ratio) or engine (vLLM log-probs)."),
     ray_address: str = typer.Option(None, help="Submit to verl on this Ray cluster instead of training here."),
     verl_spec_only: bool = typer.Option(False, help="Write the verl job files and stop."),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="Seed of sampling, curriculum and data order."),
 ) -> None:
-    """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on warehouse environments."""
+    """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
     from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, GrpoParams, VerlParams
 
     params = GrpoParams(
         **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
         experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
-        delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, lr=lr, checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
-        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
-        envs=EnvSelection(limit=env_limit, split=split),
+        delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
+        checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
+        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_trajectories=warmstart_trajectories,
+        evaluate=evaluate, eval_limit=eval_limit,
+        envs=EnvSelection(limit=env_limit, split=split, test_share=test_share),
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
         verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
     )
-    _echo(train_grpo(params))
+    result = run_flow(train_grpo(params))
+    _echo(result)
+    print_eval_table(result.get("eval") or {})
 
 
 @app.command("warmstart")
@@ -91,14 +112,14 @@ def warmstart_cmd(
     from arenaforge.flows.train_flows import warmstart
     from arenaforge.tasks.train.jobs import EnvSelection, WarmstartParams
 
-    _echo(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split))))
+    _echo(run_flow(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split)))))
 
 
 @app.command("sft")
 def sft_cmd(
     ctx: typer.Context,
     data: str = typer.Option(..., help="SFT export (OpenAI messages+tools JSONL)."),
-    model_path: str = typer.Option(None, help="HF model dir (default: the tiny model)."),
+    model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     experiment: str = typer.Option("sft"), out_dir: str = typer.Option(None),
     epochs: int = typer.Option(1), max_steps: int = typer.Option(None), batch_size: int = typer.Option(4),
     lr: float = typer.Option(1e-5), max_length: int = typer.Option(4096),

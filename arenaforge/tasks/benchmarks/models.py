@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arenaforge.tasks.benchmarks import real_model
 from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
 
 _ANSWER = "answer = lambda req: chat_completion(content='{\"city\": \"Oslo\"}')"
@@ -63,8 +64,16 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     }
 
 
-async def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3) -> dict:
-    """Mean share of the concurrency limit kept busy at `limit` against a `latency_s` endpoint (goal >= 0.9)."""
+def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model_path: str = "",
+         qas: int = 4) -> Any:
+    """Client throughput against a scripted endpoint (share of `limit` kept busy; goal >= 0.9), or with --real
+    the pipeline driven by SmolLM2-135M behind transformers serve (accepted share by reason, tokens/s, waste)."""
+    if real:
+        return real_model.run(model_path or None, n=qas)
+    return _scripted(n, limit, latency_s)
+
+
+async def _scripted(n: int, limit: int, latency_s: float) -> dict:
     with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
         result = await _drive(endpoint.url, n, limit, Path(tmp) / "bench.duckdb")
     window = endpoint.request_window(*result.pop("window"))

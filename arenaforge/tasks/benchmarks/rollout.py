@@ -251,7 +251,7 @@ def _throughput(model_path: str, batches: list[list[list[Rollout]]], lr: float) 
     }
 
 
-def main(rollouts: int = 256, slots: int = 32, calls: int = 3, seconds_per_token: float = 0.001, tool_min_s: float = 0.05,
+async def main(rollouts: int = 256, slots: int = 32, calls: int = 3, seconds_per_token: float = 0.001, tool_min_s: float = 0.05,
          tool_max_s: float = 0.4, pool_size: int = 8, backend: str = "process", train_batches: int = 3,
          groups: int = 4, group_size: int = 4, prompt_len: int = 256, response_len: int = 256,
          seed: int = 0) -> dict:
@@ -262,7 +262,7 @@ def main(rollouts: int = 256, slots: int = 32, calls: int = 3, seconds_per_token
 
     path = str(ensure_tiny_model())
     tok = AutoTokenizer.from_pretrained(path)
-    utilisation = asyncio.run(_utilisation(tok, rollouts, slots, calls, seconds_per_token, tool_min_s, tool_max_s,
-                                           pool_size, backend, seed))
+    utilisation = await _utilisation(tok, rollouts, slots, calls, seconds_per_token, tool_min_s, tool_max_s,
+                                     pool_size, backend, seed)
     batches = _fixed_batches(tok, train_batches, groups, group_size, prompt_len, response_len, seed)
     return {"engine_utilisation": utilisation, "training_throughput": _throughput(path, batches, 1e-5)}

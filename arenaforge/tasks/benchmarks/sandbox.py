@@ -1,14 +1,19 @@
-"""Sandbox throughput and latency: the warm pool against a new container or subprocess per call.
+"""Sandbox throughput and latency: the warm pool against a new container or subprocess per call,
+and how fast sessions of a real-size stateful environment open.
 
 For each concurrency level (independent sessions, each issuing its calls back to back) and two
 tools, a trivial lookup and a 50 ms CPU-bound loop, it measures calls/s and p50/p99 latency for
 
   pool        the warm pool (`arenaforge.environments.runtime`), sessions opened beforehand
-  docker_run  `docker run --rm -i --network none IMAGE worker.py --once` per call (bounded: few calls)
-  subprocess  `python -I -S worker.py --once` per call
+  docker_run  `docker run --rm -i --network none IMAGE <worker> --once` per call (bounded: few calls)
+  subprocess  `python -I -S <worker> --once` per call
 
-and prints the ratios. Goals (docs/SANDBOX.md): >= 1000 trivial calls/s and p99 <= 50 ms at
-concurrency 64, and >= 100x the throughput of a docker run per call.
+and prints the ratios. Then, in the same pool, `stateful`: session opens of a tau2-style retail
+environment with a `state_mb` JSON state (`retail_state`): the first open (the state is shipped to
+a worker and parsed there), `state_opens` opens one after another as episodes come (open, a call,
+close, 20 ms) and as many back to back, and `state_concurrency` opens at once, twice. Goals (docs/SANDBOX.md): >= 1000 trivial calls/s and p99 <= 50 ms at concurrency 64,
+>= 100x the throughput of a docker run per call; a 7 MB state opens in <= 20 ms (p50), and 64
+concurrent opens all succeed.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def _stats(latencies: list[float], elapsed: float, concurrency: int) -> dict[str
     }
 
 
-def main(
+async def main(
     levels: str = "1,16,64,256",
     trivial_calls: int = 6000,
     cpu_calls: int = 32,
@@ -64,8 +69,11 @@ def main(
     backend: str = "auto",
     pool_size: int = 0,
     workloads: str = "trivial,cpu50ms",
+    state_mb: float = 7.0,
+    state_opens: int = 50,
+    state_concurrency: int = 64,
 ) -> dict:
-    """Pool vs docker-run vs subprocess per call: calls/s and p50/p99 at each concurrency level."""
+    """Pool vs docker-run vs subprocess per call (calls/s, p50/p99 at each concurrency level); opens of a 7 MB-state env."""
     import asyncio
     import json
     import logging
@@ -74,7 +82,7 @@ def main(
     import time
 
     from arenaforge.environments.runtime import create_pool, image_ref
-    from arenaforge.environments.runtime.image import WORKER_COMMAND, WORKER_PATH
+    from arenaforge.environments.runtime.image import WORKER_COMMAND, worker_argv
     from arenaforge.environments.runtime.transports import docker_engine_answers
     from arenaforge.schemas.config import load_config
     from arenaforge.schemas.models import Environment, FunctionDoc
@@ -127,8 +135,57 @@ def main(
                     elapsed = time.perf_counter() - t0
                     await asyncio.gather(*(pool.close(s) for s in sessions))
                     out[workload][str(conc)] = {**_stats(latencies, elapsed, conc), "failed": bad}
+            if state_mb > 0:
+                out["stateful"] = await bench_state(pool)
             info = dict(pool.info)
         return out, info
+
+    async def bench_state(pool: Any) -> dict[str, Any]:
+        """Opens of a real-size stateful environment: cold, one after another, and many at once."""
+        from arenaforge.tasks.benchmarks.retail_state import retail_environment
+
+        big = retail_environment(int(state_mb * 1_000_000))
+        size = len(pool.template(big).blob)
+        t0 = time.perf_counter()
+        first = await pool.open(big)
+        first_ms = (time.perf_counter() - t0) * 1000
+        read = [await timed(pool.call(first, "get_order_details", {"order_id": "#W1000000"})) for _ in range(20)]
+        await pool.close(first)
+        one_by_one, back_to_back = [], []
+        for _ in range(state_opens):  # as episodes come: open, a call, close, a moment's pause
+            latency, session = await timed(pool.open(big))
+            one_by_one.append(latency)
+            await pool.call(session, "get_order_details", {"order_id": "#W1000000"})
+            await pool.close(session)
+            await asyncio.sleep(0.02)
+        for _ in range(state_opens):  # the worst case: every open pays for its fork, confinement and code load
+            latency, session = await timed(pool.open(big))
+            back_to_back.append(latency)
+            await pool.close(session)
+        rounds = []
+        for _ in range(2):  # the first round also ships the state to the workers that lack it
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(timed(pool.open(big)) for _ in range(state_concurrency)), return_exceptions=True)
+            elapsed = time.perf_counter() - t0
+            opened = [r for r in results if not isinstance(r, BaseException)]
+            await asyncio.gather(*(pool.close(s) for _, s in opened))
+            rounds.append({**_stats([lat for lat, _ in opened], elapsed, state_concurrency), "succeeded": len(opened),
+                           "failed": [repr(r)[:200] for r in results if isinstance(r, BaseException)][:3]})
+        return {
+            "state_bytes": size,
+            "first_open_ms": round(first_ms, 1),
+            "read_call": _stats([lat for lat, _ in read], sum(lat for lat, _ in read), 1),
+            "open_one_by_one": _stats(one_by_one, sum(one_by_one), 1),
+            "open_back_to_back": _stats(back_to_back, sum(back_to_back), 1),
+            "open_concurrent": rounds[0],
+            "open_concurrent_again": rounds[1],
+            "templates_loaded": pool.stats()["templates"],
+        }
+
+    async def timed(coro: Any) -> tuple[float, Any]:
+        t0 = time.perf_counter()
+        value = await coro
+        return time.perf_counter() - t0, value
 
     async def one_shot(argv: list[str], workload: str, conc: int, total: int) -> dict[str, Any]:
         tool, args = WORKLOADS[workload]
@@ -171,7 +228,8 @@ def main(
         result["pool"], result["pool_info"] = await bench_pool()
         result["pool_backend"] = result["pool_info"].get("backend")
         python = shutil.which("python3") or sys.executable
-        result["subprocess"] = None if subprocess_calls <= 0 else await bench_one_shot([python, "-I", "-S", str(WORKER_PATH), "--once"], subprocess_calls, 64)
+        once = [*worker_argv(python), "--once"]
+        result["subprocess"] = None if subprocess_calls <= 0 else await bench_one_shot(once, subprocess_calls, 64)
         docker_cli = shutil.which("docker")
         if docker_run_calls > 0 and docker_cli and docker_engine_answers():
             argv = [docker_cli, "run", "--rm", "-i", "--network", "none", image_ref(cfg.image), *WORKER_COMMAND, "--once"]
@@ -181,7 +239,8 @@ def main(
         result["loadavg_after"] = [round(x, 1) for x in os.getloadavg()]
         return result
 
-    result = asyncio.run(run_all())
+    result = await run_all()  # the bench command runs this coroutine in its event loop
+    result["stateful"] = result["pool"].pop("stateful", None)
     ratios: dict[str, Any] = {}
     for other in ("docker_run", "subprocess"):
         if not result.get(other):
@@ -194,13 +253,20 @@ def main(
             for workload in chosen
         }
     result["ratios"] = ratios
-    at64 = result["pool"]["trivial"].get("64")
+    at64 = result["pool"].get("trivial", {}).get("64")
+    goals: dict[str, bool] = {}
     if at64:
-        result["goals"] = {
+        goals = {
             "trivial_calls_per_s_at_64>=1000": at64["calls_per_s"] >= 1000,
             "trivial_p99_ms_at_64<=50": at64["p99_ms"] <= 50,
             "throughput_over_docker_run_at_64>=100x": (ratios.get("pool_over_docker_run", {}).get("trivial", {}).get("64") or 0) >= 100,
         }
+    state = result["stateful"]
+    if state:
+        goals["state_open_p50_ms<=20"] = state["open_one_by_one"]["p50_ms"] <= 20
+        goals[f"{state_concurrency}_concurrent_opens_all_succeed"] = all(
+            state[k]["succeeded"] == state_concurrency for k in ("open_concurrent", "open_concurrent_again"))
+    result["goals"] = goals
     _print_table(result)
     return result
 
@@ -217,6 +283,15 @@ def _print_table(result: dict[str, Any]) -> None:
                     f"{mode:<11} {workload:<9} {conc:>4} {s['calls_per_s']:>9} {s['p50_ms']:>10} {s['p99_ms']:>9}"
                     + (f"  (ran at concurrency {s['concurrency']})" if s["concurrency"] != int(conc) else "")
                 )
+    state = result.get("stateful")
+    if state:
+        rows.append(f"stateful ({state['state_bytes'] / 1e6:.1f} MB state): first open {state['first_open_ms']} ms; "
+                    f"opens one by one p50/p99 {state['open_one_by_one']['p50_ms']}/{state['open_one_by_one']['p99_ms']} ms "
+                    f"(back to back {state['open_back_to_back']['p50_ms']}/{state['open_back_to_back']['p99_ms']} ms); "
+                    f"a read call p50 {state['read_call']['p50_ms']} ms")
+        for label in ("open_concurrent", "open_concurrent_again"):
+            c = state[label]
+            rows.append(f"stateful {label}: {c['succeeded']} of {c['concurrency']} opened, p50/p99 {c['p50_ms']}/{c['p99_ms']} ms")
     for name, by_workload in result.get("ratios", {}).items():
         for workload, by_conc in by_workload.items():
             rows.append(f"{name} {workload}: " + ", ".join(f"c={c}: {r}x" for c, r in by_conc.items()))

@@ -85,7 +85,7 @@ class ToolBuilder:
     async def _ask(self, step: str, text: str, schema: dict[str, Any], seed: int, inputs: ToolInputs) -> Any:
         try:
             return await complete_json(self.model, step, [{"role": "user", "content": text}], schema, seed=seed,
-                                       inputs=inputs, max_tokens=1500 if step == "envs.implement_tool" else 600)
+                                       inputs=inputs)
         except NoAnswer as err:
             raise BuildError(err.reason, err.detail) from None
 

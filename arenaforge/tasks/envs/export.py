@@ -1,21 +1,24 @@
-"""Exports of accepted environments: verl Parquet, Harbor task directories, JSON-lines.
+"""Exports of accepted environments: verl's files, Harbor task directories, JSON-lines.
 
-(a) verl: the rows of `arenaforge.tasks.verl.dataset` (prompt, agent_name, reward_model.ground_truth,
-    extra_info.tools_kwargs with the env) plus a `tools` column (OpenAI tool list as JSON).
-(b) Harbor: one directory per environment —
+(a) verl 0.9.1: train/val Parquet, environments.jsonl, agent_loops.yaml and tool_config.yaml in one
+    directory (`arenaforge.tasks.verl.dataset.write_dataset_dir`); val is the warehouse's test split.
+(b) Harbor: one task directory per environment, built from a public base image (python:3.11-slim):
 
-        instruction.md              the question, the tools, how to call them
-        task.toml                   metadata and time limits
-        environment/Dockerfile      FROM the sandbox image; copies env/ to /env
-        environment/env/tools.py    the tool code; state.json its initial state; call.py the runner
-        solution/solve.sh           replays the gold calls through call.py
-        tests/test.sh               runs grade.py: F1 over the logged calls -> $LOGS_DIR/verifier/reward.json
-        tests/gold.json             the gold sub-answers
+        instruction.md                  the question, the tools, `call-tool TOOL '<JSON>'`
+        task.toml                       metadata and time limits
+        environment/Dockerfile          the agent's container: only the `call-tool` client
+        environment/docker-compose.yaml adds the `tools` service (Harbor's docker environment)
+        environment/tools/              the tools service: tool code, initial state, server, verifier key
+        solution/solve.sh               replays the gold calls through call-tool
+        tests/test.sh, grade.py         F1 over the tools service's call log -> /logs/verifier/reward.json
+        tests/gold.json, verifier_key   the gold sub-answers; the key the call log is signed with
 
-    `call.py` logs every call (tool, arguments, observation) to $LOGS_DIR/agent/calls.jsonl;
-    `grade.py` scores that log with the project's own reward code (`arenaforge.environments.reward`,
-    copied in by source, not rewritten), so Harbor's verifier and training agree.
-    ENV_DIR (default /env) and LOGS_DIR (default /logs) let test.sh run on a host too.
+    Nothing the agent can read holds an answer (the state and tool code live in the tools service;
+    gold only in tests/, which Harbor uploads after the agent's turn), and nothing the agent can write
+    is trusted: the grader reads the call log the tools service kept, and only with a valid HMAC tag
+    under the task's key. `grade.py` scores it with the project's own reward code
+    (`arenaforge.environments.reward`, copied in by source), so Harbor's verifier and training agree.
+    TOOLS_URL (default http://tools:8000) and LOGS_DIR (default /logs) let the scripts run on a host.
 (c) JSONL: one Environment record per line.
 """
 
@@ -23,93 +26,36 @@ from __future__ import annotations
 
 import inspect
 import json
+import secrets
 import textwrap
-from collections.abc import Sequence
+from importlib import resources
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 from arenaforge.environments import reward as reward_module
+from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Environment
-
-_CALL_PY = '''"""Call one tool of this environment: python3 call.py TOOL '{"arg": "value"}'."""
-import importlib.util, json, os, sys, traceback
-
-ENV_DIR = os.environ.get("ENV_DIR", os.path.dirname(os.path.abspath(__file__)))
-LOGS_DIR = os.environ.get("LOGS_DIR", "/logs")
+from arenaforge.tasks.verl.dataset import VerlFiles
+from arenaforge.warehouse import Warehouse
 
 
-def main():
-    tool, args = sys.argv[1], json.loads(sys.argv[2] if len(sys.argv) > 2 else "{}")
-    with open(os.path.join(ENV_DIR, "env.json")) as fh:
-        meta = json.load(fh)
-    spec = importlib.util.spec_from_file_location("tools", os.path.join(ENV_DIR, "tools.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    state_path = os.path.join(ENV_DIR, "state.json")
-    if meta.get("data_var") and os.path.exists(state_path):
-        with open(state_path) as fh:
-            setattr(module, meta["data_var"], json.load(fh))
-    if tool not in meta["tools"]:
-        out, ok = "Error: unknown tool " + repr(tool), False
-    else:
-        try:
-            value = getattr(module, tool)(**args)
-            out, ok = (value if isinstance(value, str) else json.dumps(value)), True
-        except Exception as err:  # the agent observes tool errors
-            out, ok = "Error: " + "".join(traceback.format_exception_only(type(err), err)).strip(), False
-    os.makedirs(os.path.join(LOGS_DIR, "agent"), exist_ok=True)
-    with open(os.path.join(LOGS_DIR, "agent", "calls.jsonl"), "a") as fh:
-        fh.write(json.dumps({"tool": tool, "arguments": args, "ok": ok, "observation": out}) + "\\n")
-    print(out)
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-_GRADE_TAIL = '''
-
-class RewardBreakdown:  # the record type without pydantic: same fields
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
-
-
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    logs = os.environ.get("LOGS_DIR", "/logs")
-    with open(os.path.join(here, "gold.json")) as fh:
-        gold = json.load(fh)
-    observations, calls = [], 0
-    log = os.path.join(logs, "agent", "calls.jsonl")
-    if os.path.exists(log):
-        with open(log) as fh:
-            for line in fh:
-                if line.strip():
-                    calls += 1
-                    observations.append(json.loads(line).get("observation", ""))
-    r = f1_reward(gold, observations, calls)
-    os.makedirs(os.path.join(logs, "verifier"), exist_ok=True)
-    result = {"reward": r.f1, "recall": r.recall, "precision": r.precision, "solved": r.solved,
-              "subtasks": r.subtasks, "calls": r.calls}
-    with open(os.path.join(logs, "verifier", "reward.json"), "w") as fh:
-        json.dump(result, fh)
-    print(json.dumps(result))
-
-
-if __name__ == "__main__":
-    main()
-'''
+def _harbor_file(name: str) -> str:
+    return resources.files("arenaforge.tasks.envs").joinpath("harbor").joinpath(name).read_text()
 
 
 def grade_source() -> str:
-    """grade.py: the reward functions of arenaforge/environments/reward.py, by source, plus a log reader."""
+    """grade.py: the reward functions of arenaforge/environments/reward.py, by source, plus the log check."""
     parts = [inspect.getsource(getattr(reward_module, name)) for name in
              ("normalise", "_numbers", "_as_number", "answer_matches", "solved_subtasks", "f1_reward")]
     consts = (f"EPSILON = {reward_module.EPSILON!r}\n_NUMBER = re.compile({reward_module._NUMBER.pattern!r})\n"
               f"_PUNCT = re.compile({reward_module._PUNCT.pattern!r})\n")
-    head = ('"""Harbor verifier: F1 reward (copied from arenaforge/environments/reward.py) over the call log."""\n'
+    head = ('"""Harbor verifier: F1 reward (copied from arenaforge/environments/reward.py) over the tools '
+            'service\'s signed call log."""\n'
             "from __future__ import annotations\n\n"
-            "import json, math, os, re, unicodedata\nfrom collections.abc import Iterable, Sequence\n\n")
-    return head + consts + "\n\n" + "\n\n".join(parts) + _GRADE_TAIL
+            "import hashlib, hmac, json, math, os, re, unicodedata, urllib.request\n"
+            "from collections.abc import Iterable, Sequence\n\n")
+    return head + consts + "\n\n" + "\n\n".join(parts) + _harbor_file("grade_main.py.tmpl")
 
 
 def write_jsonl(envs: Sequence[Environment], path: str | Path) -> Path:
@@ -123,27 +69,28 @@ def write_jsonl(envs: Sequence[Environment], path: str | Path) -> Path:
     return path
 
 
-def write_verl(envs: Sequence[Environment], path: str | Path) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def write_verl(envs: Sequence[Environment], out_dir: str | Path, held_out: Collection[str] = ()) -> VerlFiles:
+    """verl 0.9.1's files for `envs` (train/val Parquet, environments, agent-loop and tool configs) in `out_dir`.
 
-    from arenaforge.tasks.verl.dataset import dataset_rows
+    val holds the environments in `held_out` (the warehouse's test split, `held_out_ids`): what `eval`
+    scores is what verl validates on, and no test environment reaches verl's training data.
+    """
+    from arenaforge.tasks.verl.dataset import write_dataset_dir
 
-    rows = dataset_rows(envs)
-    for row, env in zip(rows, envs, strict=True):
-        row["tools"] = json.dumps([t.as_openai_tool() for t in env.tools])
-        row["data_source"] = f"arenaforge/{env.name.rsplit('-', 1)[0]}"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    tmp.replace(path)
-    return path
+    val = [e for e in envs if e.id in held_out]
+    if not val and len(envs) > 1:  # verl validates before training: a small export still gets one val row
+        val = [min(envs, key=lambda e: e.id)]
+    held = {e.id for e in val}
+    return write_dataset_dir([e for e in envs if e.id not in held], val, out_dir)
+
+
+BASE_IMAGE = "python:3.11-slim"  # public; any image with python3 on PATH works (`--image`)
+TOOLS_PORT = 8000
 
 
 def _instruction(env: Environment) -> str:
     lines = [f"# {env.name}", "", env.question or "", "", "## Tools", "",
-             "Call a tool with `python3 /env/call.py TOOL '<JSON arguments>'`; it prints the observation.", ""]
+             "Call a tool with `call-tool TOOL '<JSON arguments>'`; it prints what the tool returns.", ""]
     for t in env.tools:
         lines.append(f"- `{t.name}`: {t.description}")
         lines.append(f"  parameters: `{json.dumps(t.parameters)}`")
@@ -155,48 +102,123 @@ def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
-def write_harbor(envs: Sequence[Environment], root: str | Path, image: str = "arenaforge-sandbox:latest") -> list[Path]:
+def _dockerfile(base_image: str, body: str) -> str:
+    return f"ARG BASE_IMAGE={base_image}\nFROM ${{BASE_IMAGE}}\n{body}"
+
+
+_COMPOSE = f"""\
+# Harbor's docker environment merges this over its own compose file: `main` is the agent's
+# container; `tools` runs the environment's tools and keeps the call log the verifier reads.
+services:
+  main:
+    environment:
+      TOOLS_URL: http://tools:{TOOLS_PORT}
+    depends_on:
+      tools:
+        condition: service_healthy
+  tools:
+    build:
+      context: ./tools
+    expose:
+      - "{TOOLS_PORT}"
+    healthcheck:
+      test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{TOOLS_PORT}/health')"]
+      interval: 2s
+      timeout: 5s
+      retries: 30
+"""
+
+
+def _task_toml(env: Environment) -> str:
+    return textwrap.dedent(f'''\
+        version = "1.0"
+
+        [metadata]
+        id = "{env.id}"
+        name = "{env.name}"
+        qa_id = "{env.qa_id or ''}"
+        category = "tool-use"
+        tags = ["arenaforge", "astra-rl"]
+        # environment/docker-compose.yaml adds the `tools` service: run with Harbor's docker environment
+
+        [verifier]
+        timeout_sec = 120.0
+
+        [agent]
+        timeout_sec = 600.0
+
+        [environment]
+        build_timeout_sec = 600.0
+        ''')
+
+
+def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str = BASE_IMAGE) -> list[Path]:
+    """One Harbor task directory per environment under `root` (see the module docstring)."""
     root = Path(root)
     out = []
     for env in envs:
         d = root / env.name
-        for sub in ("environment/env", "solution", "tests"):
+        for sub in ("environment/tools", "solution", "tests"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        key = secrets.token_hex(32)  # per task: the tools service signs its call log with it
         (d / "instruction.md").write_text(_instruction(env))
-        (d / "task.toml").write_text(textwrap.dedent(f'''\
-            version = "1.0"
-
-            [metadata]
-            id = "{env.id}"
-            name = "{env.name}"
-            qa_id = "{env.qa_id or ''}"
-            category = "tool-use"
-            tags = ["arenaforge", "astra-rl"]
-
-            [verifier]
-            timeout_sec = 120.0
-
-            [agent]
-            timeout_sec = 600.0
-
-            [environment]
-            build_timeout_sec = 600.0
-            '''))
-        (d / "environment" / "Dockerfile").write_text(
-            f"FROM {image}\nCOPY env/ /env/\nENV ENV_DIR=/env LOGS_DIR=/logs\nWORKDIR /env\n")
-        envdir = d / "environment" / "env"
-        (envdir / "tools.py").write_text(env.code)
-        (envdir / "state.json").write_text(json.dumps(env.initial_state or {}))
-        (envdir / "env.json").write_text(json.dumps({"data_var": env.data_var, "tools": [t.name for t in env.tools],
-                                                    "env_id": env.id}))
-        (envdir / "call.py").write_text(_CALL_PY)
-        solve = ["#!/bin/sh", "# Replays the gold calls.", "set -e", 'ENV_DIR="${ENV_DIR:-/env}"']
-        solve += [f'python3 "$ENV_DIR/call.py" {c.tool} {_shell_quote(json.dumps(c.arguments))}' for c in env.calls]
+        (d / "task.toml").write_text(_task_toml(env))
+        environment, tools = d / "environment", d / "environment" / "tools"
+        (environment / "Dockerfile").write_text(_dockerfile(base_image, (
+            "COPY call_tool.py /usr/local/bin/call-tool\nRUN chmod 755 /usr/local/bin/call-tool\n"
+            f"ENV TOOLS_URL=http://tools:{TOOLS_PORT}\nWORKDIR /app\n")))
+        (environment / "call_tool.py").write_text("#!/usr/bin/env python3\n" + _harbor_file("call_tool.py.tmpl"))
+        (environment / "docker-compose.yaml").write_text(_COMPOSE)
+        (tools / "Dockerfile").write_text(_dockerfile(base_image, (
+            "COPY server.py tools.py state.json env.json verifier_key /srv/tools/\n"
+            f"ENV PORT={TOOLS_PORT}\nEXPOSE {TOOLS_PORT}\nCMD [\"python3\", \"/srv/tools/server.py\"]\n")))
+        (tools / "server.py").write_text(_harbor_file("tools_server.py.tmpl"))
+        (tools / "tools.py").write_text(env.code)
+        (tools / "state.json").write_text(json.dumps(env.initial_state or {}))
+        (tools / "env.json").write_text(json.dumps({"data_var": env.data_var, "tools": [t.name for t in env.tools],
+                                                   "env_id": env.id}))
+        (tools / "verifier_key").write_text(key + "\n")
+        solve = ["#!/bin/sh", "# Replays the gold calls.", "set -e"]
+        solve += [f"call-tool {c.tool} {_shell_quote(json.dumps(c.arguments))}" for c in env.calls]
         (d / "solution" / "solve.sh").write_text("\n".join(solve) + "\n")
         (d / "tests" / "test.sh").write_text('#!/bin/sh\nset -e\npython3 "$(dirname "$0")/grade.py"\n')
         (d / "tests" / "grade.py").write_text(grade_source())
         (d / "tests" / "gold.json").write_text(json.dumps(env.gold_answers))
-        for script in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):
+        (d / "tests" / "verifier_key").write_text(key + "\n")
+        for script in (d / "solution" / "solve.sh", d / "tests" / "test.sh", environment / "call_tool.py"):
             script.chmod(0o755)
         out.append(d)
     return out
+
+
+FORMATS = ("verl", "harbor", "jsonl")
+
+
+def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
+    """Environments that passed verification, optionally filtered (SQL over the environments table)."""
+    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
+    return wh.load(Environment, where=cond, limit=limit)
+
+
+def export_environments(envs: Sequence[Environment], root: str | Path, formats: Sequence[str] = FORMATS,
+                        base_image: str = BASE_IMAGE, held_out: Collection[str] = ()) -> dict[str, Any]:
+    """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
+    import pyarrow.parquet as pq
+
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(FORMATS)}")
+    if not envs:
+        raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
+    root = Path(root).expanduser().resolve()
+    written: dict[str, Any] = {"environments": len(envs)}
+    if "verl" in formats:
+        files = write_verl(envs, root / "verl", held_out)
+        written["verl"] = {"dir": str(files.train.parent), "train_rows": pq.ParquetFile(files.train).metadata.num_rows,
+                           "val_rows": pq.ParquetFile(files.val).metadata.num_rows}
+    if "jsonl" in formats:
+        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
+    if "harbor" in formats:
+        written["harbor"] = str(root / "harbor")
+        written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=base_image))
+    return written

@@ -114,7 +114,7 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
     unless it is that member's own gold call. Tools are independent functions over their own
     DATA entry, so checking the tool alone is checking it in every environment that uses it.
     """
-    from arenaforge.environments.runtime import EnvLoadError
+    from arenaforge.environments.runtime import EnvironmentFailure, EnvLoadError
     from arenaforge.schemas.models import Environment
 
     golds = [(qa_id, c) for qa_id, t in members for c in t.calls]
@@ -132,7 +132,10 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
         return [f"import_error: {err.detail[-200:]}"]
     try:
         for args in args_seen:
-            obs = await pool.call(session, tool.name, args)
+            try:
+                obs = await pool.call(session, tool.name, args)
+            except EnvironmentFailure as err:  # the sandbox failed: no merge on that evidence
+                return [f"sandbox_failure: {str(err)[:200]}"]
             if obs.outcome == "timeout":
                 return [f"timeout: {tool.name}({json.dumps(args)})"]
             for qa_id, call in golds:

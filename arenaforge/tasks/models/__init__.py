@@ -15,6 +15,16 @@ from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse, N
 from arenaforge.tasks.models.providers import open_chat_model
 from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatibleModel, parse_json_answer
 
+# Tokens a step's answer needs (an answer is cut there): a request never asks the endpoint to reserve
+# `model.max_tokens` (the cap) for an answer that is a few fields long, and an abandoned one holds a slot for less.
+ANSWER_TOKENS: dict[str, int] = {
+    "envs.decompose": 900, "envs.verify_qa": 300, "envs.tool_doc": 400, "envs.augment_tool": 500,
+    "envs.implement_tool": 1200, "envs.merge_cluster": 800,
+    "sft.propose_chains": 300, "sft.verify_chain": 120, "sft.chain_to_query": 200, "sft.query_to_chain": 150,
+    "sft.write_query": 250, "sft.augment_query": 250, "sft.score_query": 150, "sft.simulate_tool": 500,
+    "sft.judge_trajectory": 300, "sft.agent": 400,
+}
+
 
 async def complete_json(
     model: ChatModel,
@@ -24,6 +34,7 @@ async def complete_json(
     **params: Any,
 ) -> Any:
     """The validated JSON answer of a structured step; ParseError when it never validates."""
+    params.setdefault("max_tokens", ANSWER_TOKENS.get(step))
     response = await model.complete(ChatRequest(step=step, messages=messages, response_schema=schema, **params))
     if response.parsed is None and schema.get("type") != "null":
         raise ParseError(f"{step}: the model returned no structured answer")
@@ -31,6 +42,7 @@ async def complete_json(
 
 
 __all__ = [
+    "ANSWER_TOKENS",
     "ChatModel",
     "ChatRequest",
     "ChatResponse",

@@ -73,10 +73,11 @@ class NoAnswer(Exception):
 class ChatModel(Protocol):
     name: str  # the model id recorded in provenance
     kind: str  # the provider: "offline", "openai", ... (Provenance.backend)
+    decides_by: Literal["rules", "model"]  # what its grades and choices come from (recorded on judged records)
 
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
 
 
 def graded_by(model: ChatModel) -> Literal["rules", "model"]:
     """What a record says decided it: the offline provider's programmatic rules, or a model."""
-    return "rules" if model.kind == "offline" else "model"
+    return model.decides_by

@@ -13,7 +13,7 @@ import json
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from arenaforge.tasks.models.base import ChatResponse
 from arenaforge.warehouse import lookups
@@ -57,7 +57,7 @@ class UsageLedger:
     failed  no usable answer (`error_kind` says why); tokens spent on answers thrown away are wasted
     """
 
-    COLUMNS = [("call_id", "VARCHAR"), ("key", "VARCHAR"), ("run_id", "VARCHAR"), ("step", "VARCHAR"),
+    COLUMNS: ClassVar[list[tuple[str, str]]] = [("call_id", "VARCHAR"), ("key", "VARCHAR"), ("run_id", "VARCHAR"), ("step", "VARCHAR"),
                ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"), ("reasks", "INTEGER"),
                ("prompt_tokens", "INTEGER"), ("completion_tokens", "INTEGER"), ("latency_s", "DOUBLE"),
                ("cost_class", "VARCHAR"), ("error_kind", "VARCHAR"), ("wasted_tokens", "INTEGER")]

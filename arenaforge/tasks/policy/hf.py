@@ -4,11 +4,12 @@ Log-probs are the model's own (temperature 1, before top-p) for each sampled tok
 raw logits: the same quantity the trainer recomputes and vLLM reports by default, so the
 importance ratio starts at 1 on-policy.
 
-Concurrent requests (many rollouts in flight) are gathered into one left-padded `generate`
-call of up to `max_batch` prompts with the same temperature/top-p, run in a worker thread so
-tool calls keep running meanwhile. `lock` serialises model use: the GRPO trainer holds it
-during an update so generation never reads half-updated weights. A batch generates up to the
-largest `max_tokens` asked; each answer is cut at its own stop token or token limit.
+Concurrent requests (many rollouts in flight) are gathered into one left-padded batch of up
+to `max_batch` prompts, decoded over the KV cache in a worker thread so tool calls keep running
+meanwhile. Every request samples with its own seeded generator, so an answer depends on its
+own seed only, never on which requests shared its batch. `lock` serialises model use: the
+GRPO trainer holds it during an update so generation never reads half-updated weights. Each
+answer stops at its own stop token or token limit.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: str = "hf", device: str = "cpu",
-                 max_batch: int = 8) -> None:
+                 max_batch: int = 16) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy
@@ -66,9 +67,7 @@ class HfEngine:
     async def _drain(self) -> None:
         await asyncio.sleep(0)  # let the other rollouts of this tick enqueue first
         while self._queue:
-            head = self._queue[0]
-            key = (head.params.temperature, head.params.top_p)
-            batch = [r for r in self._queue if (r.params.temperature, r.params.top_p) == key][: self.max_batch]
+            batch = self._queue[: self.max_batch]
             for r in batch:
                 self._queue.remove(r)
             live = [r for r in batch if not r.future.done()]  # a cancelled rollout no longer waits
@@ -87,49 +86,82 @@ class HfEngine:
                     r.future.set_result(result)
 
     def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+        """One left-padded batch, decoded token by token over the KV cache.
+
+        Our own loop rather than `model.generate`: each row samples with its own seeded generator
+        (a batched `generate` draws from one global RNG, so only the first request's seed would
+        count and a sample would depend on its batch neighbours), and stops on its own limit.
+        """
         import torch
 
-        first = params[0]
-        stops = sorted(self.eos_ids | {t for p in params for t in p.stop_token_ids})
+        stops = self.eos_ids | {t for p in params for t in p.stop_token_ids}
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        rows = len(prompts)
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((rows, width), dtype=torch.long)
         for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
             ids[i, width - len(p):] = torch.tensor(p)
             attn[i, width - len(p):] = 1
+        generators = [_generator(p.seed) for p in params]
+        limits = [p.max_tokens for p in params]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        finish: list[str | None] = [None] * rows
         with self.lock, torch.no_grad():
-            if first.seed is not None:
-                torch.manual_seed(first.seed)
             was_training = self.model.training
             self.model.eval()
             try:
-                out = self.model.generate(
-                    ids.to(self.device),
-                    attention_mask=attn.to(self.device),
-                    max_new_tokens=max(p.max_tokens for p in params),
-                    do_sample=first.temperature > 0,
-                    temperature=first.temperature if first.temperature > 0 else None,
-                    top_p=first.top_p,
-                    top_k=None,
-                    eos_token_id=stops,
-                    pad_token_id=self.pad_id,
-                    output_logits=True,
-                    return_dict_in_generate=True,
-                )
+                positions = (attn.cumsum(-1) - 1).clamp(min=0)
+                out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                 position_ids=positions.to(self.device), use_cache=True)
+                next_pos = positions[:, -1:] + 1
+                for _ in range(max(limits)):
+                    logits = out.logits[:, -1].float().cpu()
+                    raw = torch.log_softmax(logits, dim=-1)  # temperature-1 log-probs, what the trainer recomputes
+                    step = torch.full((rows, 1), self.pad_id, dtype=torch.long)
+                    for i in range(rows):
+                        if finish[i] is not None:
+                            continue
+                        token = _sample(logits[i], params[i], generators[i])
+                        tokens[i].append(token)
+                        logprobs[i].append(float(raw[i, token]))
+                        step[i, 0] = token
+                        if token in stops:
+                            finish[i] = "stop"
+                        elif len(tokens[i]) >= limits[i]:
+                            finish[i] = "length"
+                    if all(f is not None for f in finish):
+                        break
+                    attn = torch.cat([attn, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+                    out = self.model(input_ids=step.to(self.device), attention_mask=attn.to(self.device),
+                                     position_ids=next_pos.to(self.device), past_key_values=out.past_key_values,
+                                     use_cache=True)
+                    next_pos = next_pos + 1
             finally:
                 if was_training:
                     self.model.train()
-        self.batches.append(len(prompts))
-        new = out.sequences[:, width:].cpu()
-        logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float().cpu(), dim=-1)
-        logprobs = logprobs.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        results = []
-        for i, p in enumerate(params):
-            row = new[i].tolist()
-            end = next((j + 1 for j, t in enumerate(row) if t in stops), None)
-            if end is not None and end <= p.max_tokens:
-                cut, finish = end, "stop"
-            else:
-                cut, finish = min(len(row), p.max_tokens), "length"
-            results.append(Generation(token_ids=row[:cut], logprobs=logprobs[i, :cut].tolist(), finish_reason=finish))
-        return results
+        self.batches.append(rows)
+        return [Generation(token_ids=t, logprobs=lp, finish_reason=f or "length")  # type: ignore[arg-type]
+                for t, lp, f in zip(tokens, logprobs, finish, strict=True)]
+
+
+def _generator(seed: int | None) -> Any:
+    import torch
+
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed(seed)
+
+
+def _sample(logits: Any, params: SamplingParams, generator: Any) -> int:
+    """One token: greedy at temperature 0, else temperature + nucleus (top-p) sampling with `generator`."""
+    import torch
+
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p  # the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -26,7 +26,7 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -263,8 +263,10 @@ async def run_group(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, env
 
 async def stream_groups(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
                         cfg: RolloutConfig, group_size: int, *, concurrency: int = 64, start: int = 0,
-                        in_flight_groups: int = 8) -> AsyncIterator[list[Episode]]:
-    """Groups in completion order, cycling through `envs` forever from index `start`.
+                        in_flight_groups: int = 8, pick: Callable[[int], Environment] | None = None
+                        ) -> AsyncIterator[list[Episode]]:
+    """Groups in completion order, forever from group number `start`: group k rolls out `pick(k)`
+    (default: cycle through `envs`).
 
     Up to `in_flight_groups` groups run at once (episodes capped by `concurrency`), so while
     one episode waits on a tool call others are generating. The caller stops by breaking out.
@@ -279,7 +281,7 @@ async def stream_groups(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool,
 
     def launch() -> None:
         nonlocal counter
-        env = envs[counter % len(envs)]
+        env = pick(counter) if pick is not None else envs[counter % len(envs)]
         group_cfg = cfg if cfg.seed is None else replace(cfg, seed=cfg.seed + GROUP_SEED_STRIDE * counter)
         pending.add(asyncio.create_task(
             run_group(engine, tokenizer, pool, env, group_cfg, group_size, f"{env.id}:{counter}", limiter)))

@@ -37,7 +37,7 @@ def _reason(r: Rollout) -> str | None:
 
 
 def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids: Sequence[str], samples: int,
-              started_at: str, run_id: str | None = None) -> EvalRun:
+              started_at: str, run_id: str | None = None, label: str | None = None) -> EvalRun:
     scored = [r for r in rollouts if r.status != "env_failure"]
 
     def mean(values: list[float]) -> float:
@@ -47,6 +47,7 @@ def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids:
         policy=policy, engine=engine, env_ids=list(env_ids), samples=samples, episodes=len(scored),
         f1=mean([r.reward.f1 for r in scored]), recall=mean([r.reward.recall for r in scored]),
         precision=mean([r.reward.precision for r in scored]), calls_per_task=mean([r.reward.calls for r in scored]),
+        format_errors_per_task=mean([float(r.format_errors) for r in scored]), label=label,
         statuses=dict(Counter(r.status for r in rollouts)),
         failure_reasons=dict(Counter(reason for r in rollouts if (reason := _reason(r)))),
         started_at=started_at, run_id=run_id,
@@ -54,12 +55,13 @@ def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids:
 
 
 async def evaluate(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
-                   cfg: EvalConfig = EvalConfig(), run_id: str | None = None) -> tuple[EvalRun, list[Rollout]]:
+                   cfg: EvalConfig = EvalConfig(), run_id: str | None = None, label: str | None = None
+                   ) -> tuple[EvalRun, list[Rollout]]:
     """(summary, rollouts) of `engine` on `envs`; rollouts carry `run_id` for storage."""
     started_at = datetime.now(UTC).isoformat(timespec="microseconds")
     episodes = await run_rollouts(engine, tokenizer, pool, envs, cfg.rollout, samples=cfg.samples,
                                   concurrency=cfg.concurrency)
     rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in episodes]
     summary = summarise(rollouts, policy=engine.policy, engine=engine.name, env_ids=[e.id for e in envs],
-                        samples=cfg.samples, started_at=started_at, run_id=run_id)
+                        samples=cfg.samples, started_at=started_at, run_id=run_id, label=label)
     return summary, rollouts

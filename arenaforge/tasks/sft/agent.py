@@ -22,7 +22,7 @@ from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ProviderError, SandboxError
 from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool, ToolChain, Trajectory
 from arenaforge.schemas.reasons import RejectReason
-from arenaforge.tasks.models import ChatModel, ChatRequest
+from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
@@ -79,7 +79,8 @@ class Agent:
             last = turn == self.max_turns  # out of tool turns: ask for the answer
             wire = [m.model_dump(mode="json", exclude_none=True) for m in messages]
             response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire, tools=specs,
-                                                             tool_choice="none" if last else None, inputs=inputs))
+                                                             tool_choice="none" if last else None,
+                                                             max_tokens=ANSWER_TOKENS["sft.agent"], inputs=inputs))
             reply = response.message
             messages.append(reply)
             if not reply.tool_calls:
@@ -92,7 +93,7 @@ class Agent:
                 try:
                     args = json.loads(call.function.arguments or "{}")
                     if not isinstance(args, dict):
-                        raise ValueError("arguments are not a JSON object")
+                        raise ValueError("arguments are not a JSON object")  # noqa: TRY004 (caught below with bad JSON)
                 except ValueError as err:
                     messages.append(ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
                                                 content=f"Error: invalid arguments ({err})"))
@@ -143,6 +144,12 @@ async def run_episodes(tasks: Sequence[Task], servers: dict[str, Server], tools:
             batch.rejections += [r.model_copy(update={"run_id": run_id}) for r in log.rejections]
             batch.faults += log.faults
             batch.calls += log.calls
+            if not (episode.final_answer or "").strip():  # it never answered: not a finished conversation
+                batch.rejections.append(Rejection(stage="trajectory", subject=task.id, reason="no_final_answer",
+                                                  detail=f"no final answer after {episode.tool_calls} tool call(s)",
+                                                  payload=[m.model_dump(mode="json") for m in episode.messages[-2:]],
+                                                  run_id=run_id))
+                return
             if len(episode.messages) < 3 or episode.tool_calls == 0:
                 batch.rejections.append(Rejection(stage="trajectory", subject=task.id, reason="no_tool_calls",
                                                   detail="the agent answered without calling any tool",

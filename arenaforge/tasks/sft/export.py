@@ -1,12 +1,20 @@
-"""Export kept trajectories as SFT data (OpenAI messages + tools) in JSONL and Parquet, with statistics.
+"""Export kept trajectories as SFT data in the OpenAI chat-with-tools format, JSONL and Parquet, with statistics.
 
 One row per trajectory whose latest judge score has `keep` (view `v_sft_kept`), optionally one
-run only or above a stricter score:
-    id, server, score, messages (list of {role, content, tool_calls, tool_call_id, name}), tools
-`tool_calls[].function.arguments` is the JSON string OpenAI sends. `tools` is the list of OpenAI
-tool specs encoded as ONE JSON string per row: tool parameter schemas differ in shape from tool
-to tool, which Arrow (and so `datasets`) cannot hold as one column type; `json.loads(row["tools"])`
-gives the list. Both files load with `datasets.load_dataset("json" | "parquet", data_files=...)`.
+run only or above a stricter score. `sft.jsonl` is the format the field trains on (what
+`tokenizer.apply_chat_template(messages, tools=tools)`, TRL and `arenaforge train sft` read):
+
+    {"messages": [{"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "", "tool_calls": [{"id": "...", "type": "function",
+                   "function": {"name": "...", "arguments": "{...}"}}]},
+                  {"role": "tool", "tool_call_id": "...", "name": "...", "content": "..."}, ...],
+     "tools": [{"type": "function", "function": {"name": "...", "description": "...", "parameters": {...}}}],
+     "id": "...", "server": "...", "score": 0.91}
+
+A message carries only the keys that apply to its role (no null keys); `content` is always a
+string; `arguments` is the JSON string OpenAI sends. `sft.parquet` holds the same rows, except
+that `tools` is one JSON string per row: tool parameter schemas differ in shape from tool to
+tool, which one Arrow column type cannot hold (`json.loads(row["tools"])` gives the list).
 
 The statistics mirror the paper's SFT-set report (METHOD.md §1a.5): samples, messages, messages
 and tool calls per sample, the distribution of tool-call counts (share with 1-5 calls), distinct
@@ -23,48 +31,46 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from arenaforge.schemas.models import JudgeScore, Trajectory
+from arenaforge.schemas.models import ChatMessage, JudgeScore, Trajectory
 from arenaforge.warehouse.db import Warehouse
+from arenaforge.warehouse.lookups import by_ids, kept_trajectory_scores
 
 _CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                    ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(_CALL)),
                       ("tool_call_id", pa.string()), ("name", pa.string())])
-SCHEMA = pa.schema([("id", pa.string()), ("server", pa.string()), ("score", pa.float64()),
-                    ("messages", pa.list_(_MESSAGE)), ("tools", pa.string())])
+SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE)), ("tools", pa.string()), ("id", pa.string()),
+                    ("server", pa.string()), ("score", pa.float64())])
 
 
 def kept_trajectories(wh: Warehouse, run_id: str | None = None, min_score: float | None = None
                       ) -> list[tuple[Trajectory, float]]:
-    sql = "SELECT id, score FROM v_sft_kept"
-    params: list[Any] = []
-    clauses = []
-    if run_id:
-        clauses.append("id IN (SELECT (record->>'trajectory_id') FROM judge_scores WHERE run_id = ?)")
-        params.append(run_id)
-    if min_score is not None:
-        clauses.append("score >= ?")
-        params.append(min_score)
-    if clauses:
-        sql += " WHERE " + " AND ".join(clauses)
-    _, rows = wh.query(sql, params)
-    score = {r[0]: float(r[1]) for r in rows}
+    """Trajectories the judge kept (optionally of one run, at least `min_score`), by id, with their scores."""
+    score = kept_trajectory_scores(wh, run_id, min_score)
     if not score:
         return []
-    trajectories = wh.load(Trajectory, where="id = ANY(?)", params=[list(score)])
+    trajectories = by_ids(wh, Trajectory, list(score))
     return [(t, score[t.id]) for t in sorted(trajectories, key=lambda t: t.id)]
 
 
+def openai_message(m: ChatMessage) -> dict[str, Any]:
+    """One message in OpenAI's shape with only the keys its role uses (content always a string)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+    if m.tool_calls:
+        out["tool_calls"] = [c.model_dump(mode="json") for c in m.tool_calls]
+    if m.role == "tool":
+        out.update({k: v for k, v in (("tool_call_id", m.tool_call_id), ("name", m.name)) if v is not None})
+    return out
+
+
 def sft_row(t: Trajectory, score: float) -> dict[str, Any]:
-    messages = []
-    for m in t.messages:
-        messages.append({
-            "role": m.role, "content": m.content,
-            "tool_calls": [c.model_dump(mode="json") for c in m.tool_calls] if m.tool_calls else None,
-            "tool_call_id": m.tool_call_id, "name": m.name})
-    tools = [f.as_openai_tool() for f in t.tools]
-    return {"id": t.id, "server": t.server, "score": score, "messages": messages,
-            "tools": json.dumps(tools, ensure_ascii=False)}
+    """The JSONL row: OpenAI messages + tools, then id/server/score."""
+    return {"messages": [openai_message(m) for m in t.messages], "tools": [f.as_openai_tool() for f in t.tools],
+            "id": t.id, "server": t.server, "score": score}
+
+
+def _parquet_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "tools": json.dumps(row["tools"], ensure_ascii=False)}
 
 
 def statistics(items: list[tuple[Trajectory, float]], scores: list[JudgeScore] | None = None) -> dict[str, Any]:
@@ -94,7 +100,7 @@ def statistics(items: list[tuple[Trajectory, float]], scores: list[JudgeScore] |
 def export_sft(wh: Warehouse, out_dir: str | Path, run_id: str | None = None, min_score: float | None = None,
                name: str = "sft") -> dict[str, Any]:
     """Write <out_dir>/<name>.jsonl, .parquet and _stats.json; returns the statistics with the paths."""
-    out = Path(out_dir)
+    out = Path(out_dir).expanduser().resolve()  # the report names absolute paths
     out.mkdir(parents=True, exist_ok=True)
     items = kept_trajectories(wh, run_id, min_score)
     rows = [sft_row(t, s) for t, s in items]
@@ -106,7 +112,7 @@ def export_sft(wh: Warehouse, out_dir: str | Path, run_id: str | None = None, mi
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(jsonl)
     tmp = parquet.with_suffix(".parquet.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp)
+    pq.write_table(pa.Table.from_pylist([_parquet_row(r) for r in rows], schema=SCHEMA), tmp)
     tmp.replace(parquet)
     stats = statistics(items)
     report = out / f"{name}_stats.json"

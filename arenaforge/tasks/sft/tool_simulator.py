@@ -337,8 +337,13 @@ class SandboxExecutor:
         self.log = SessionLog()
 
     async def call(self, name: str, arguments: dict[str, Any]) -> CallResult:
+        from arenaforge.environments.runtime import EnvironmentFailure
+
         self.log.calls += 1
-        obs = await self.pool.call(self.session, name, arguments)
+        try:
+            obs = await self.pool.call(self.session, name, arguments)
+        except EnvironmentFailure as err:  # the sandbox failed, not the tool: an environment failure, as for MCP
+            return CallResult(ToolObservation(outcome="error", error=str(err)), environment_failure=True)
         return CallResult(obs if isinstance(obs, ToolObservation) else ToolObservation.model_validate(obs))
 
 

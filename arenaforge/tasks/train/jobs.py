@@ -2,13 +2,14 @@
 
 Each job opens what it needs (config, warehouse, sandbox pool, engine), records a `runs` row
 (`recorded_run`), and writes its records at step boundaries. Flows wrap these functions
-(`arenaforge/flows/train_flows.py`); the CLI builds the same params models from flags.
+(`arenaforge/flows/train_flows.py`); the CLI builds the same params models from flags. Jobs that
+roll out in the sandbox are coroutines run in the flow's event loop (the CLI starts it); training
+steps are plain CPU work inside them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -23,6 +24,9 @@ from arenaforge.tasks.rollout.episodes import RolloutConfig, SandboxPool, env_fa
 from arenaforge.warehouse import Warehouse, recorded_run
 
 T = TypeVar("T")
+log = logging.getLogger("arenaforge.train")
+BASE_POLICIES = ("arena-small", "tiny", "smollm2-135m")
+WARMSTART_MAX_LENGTH = 1024  # tokens of one warm-start example (long SFT-track trajectories are cut)
 EngineName = Literal["hf", "vllm", "vllm-local"]
 
 
@@ -34,30 +38,38 @@ class _Params(BaseModel):
 
 
 class PolicyParams(_Params):
-    engine: EngineName = Field(default="hf", description="hf (transformers), vllm (HTTP server) or vllm-local.")
-    model_path: str | None = Field(default=None, description="HF model dir; default: the tiny model, built on demand.")
+    engine: EngineName = Field(default="hf", description="hf (transformers, in this process), vllm (HTTP server) or "
+                               "vllm-local (in-process vLLM).")
+    model_path: str | None = Field(default=None, description="HF model dir or checkpoint, or a named policy: arena-small "
+                                   "(the default, built on first use), tiny, smollm2-135m.")
     policy_url: str | None = Field(default=None, description="vllm: the `vllm serve` endpoint, e.g. http://host:8000/v1.")
     served_model: str | None = Field(default=None, description="vllm: model name the server serves.")
-    device: str = "cpu"
+    device: str = Field(default="cpu", description="Torch device for hf: cpu or cuda.")
 
 
 class EnvSelection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    env_ids: list[str] = Field(default_factory=list, description="Only these environments (default: all).")
-    limit: int | None = Field(default=None, ge=1, description="At most this many environments.")
-    split: Literal["all", "train", "eval"] = Field(default="all", description="Deterministic split by env id hash.")
-    eval_share: float = Field(default=0.1, ge=0, le=1, description="Share of environments held out for eval.")
+    env_ids: list[str] = Field(default_factory=list, description="Only these environments, by id or name (default: all).")
+    limit: int | None = Field(default=None, ge=1, description="At most this many environments (the first ones).")
+    split: Literal["all", "train", "test", "eval"] = Field(
+        default="all", description="Split stored in the warehouse (table env_splits): train, test, or all; eval = test.")
+    scheme: str = Field(default="default", description="Split scheme (a name; environments keep their split in it).")
+    test_share: float = Field(default=0.2, ge=0, le=1,
+                              description="Share of each stratum's near-duplicate groups held out as test, "
+                              "for environments not yet assigned in the scheme.")
+    split_seed: int = Field(default=0, description="Seed of the held-out group order.")
 
 
 class EpisodeParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_turns: int = Field(default=8, ge=1)
+    max_turns: int = Field(default=8, ge=1, description="Assistant turns per episode.")
     max_length: int = Field(default=2048, ge=16, description="Response tokens per episode (model + tool).")
-    max_tokens_per_turn: int = Field(default=256, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens_per_turn: int = Field(default=256, ge=1, description="Tokens the policy may write in one turn.")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature; 0 = greedy.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling: keep the smallest set of tokens "
+                         "whose probability reaches this.")
 
     def rollout_config(self, seed: int | None = None) -> RolloutConfig:
         return RolloutConfig(max_turns=self.max_turns, max_length=self.max_length,
@@ -65,17 +77,22 @@ class EpisodeParams(BaseModel):
                              top_p=self.top_p, seed=seed)
 
 
+# The episode limits training uses; evaluation of a trained policy uses the same limits, greedy.
+TRAIN_EPISODE = EpisodeParams(max_turns=4, max_length=384, max_tokens_per_turn=96)
+
+
 class RolloutParams(PolicyParams):
-    envs: EnvSelection = EnvSelection()
-    episode: EpisodeParams = EpisodeParams()
+    envs: EnvSelection = Field(default=EnvSelection(), description="Which environments.")
+    episode: EpisodeParams = Field(default=EpisodeParams(), description="Episode limits and sampling.")
     samples: int = Field(default=1, ge=1, description="Episodes per environment.")
-    concurrency: int = Field(default=32, ge=1)
-    seed: int = 0
+    concurrency: int = Field(default=32, ge=1, description="Episodes in flight at once.")
+    seed: int = Field(default=0, description="Sampling seed (episode i, turn t samples with seed + 1000 i + t).")
 
 
 class EvalParams(RolloutParams):
-    envs: EnvSelection = EnvSelection(split="eval")
-    episode: EpisodeParams = EpisodeParams(temperature=0.0)
+    envs: EnvSelection = Field(default=EnvSelection(split="test"), description="Which environments (default: the test split).")
+    episode: EpisodeParams = Field(default=TRAIN_EPISODE.model_copy(update={"temperature": 0.0}),
+                                   description="Episode limits and sampling (default: training limits, greedy).")
 
 
 class VerlParams(BaseModel):
@@ -83,57 +100,78 @@ class VerlParams(BaseModel):
 
     ray_address: str | None = Field(default=None, description="Ray cluster (e.g. http://head:8265): submit to verl.")
     spec_only: bool = Field(default=False, description="Write the verl job files without submitting.")
-    nnodes: int = 1
-    gpus_per_node: int = 8
-    tensor_parallel: int = 2
-    train_batch_size: int = 256
-    max_prompt_length: int = 25600
-    max_response_length: int = 49152
-    total_steps: int = 200
+    nnodes: int = Field(default=1, description="verl: nodes.")
+    gpus_per_node: int = Field(default=8, description="verl: GPUs per node.")
+    tensor_parallel: int = Field(default=2, description="verl: vLLM tensor-parallel size.")
+    train_batch_size: int = Field(default=256, description="verl: prompts per batch.")
+    max_prompt_length: int = Field(default=25600, description="verl: prompt token limit.")
+    max_response_length: int = Field(default=49152, description="verl: response token limit.")
+    total_steps: int = Field(default=200, description="verl: training steps.")
 
 
 class GrpoParams(PolicyParams):
-    experiment: str = Field(default="grpo", description="Name; checkpoints go to <out_dir>/<experiment>.")
-    out_dir: str | None = Field(default=None, description="Default: <config out_dir>/train.")
-    envs: EnvSelection = EnvSelection(split="train")
-    episode: EpisodeParams = EpisodeParams(max_turns=4, max_length=512, max_tokens_per_turn=64)
-    steps: int = Field(default=3, ge=1)
-    batch_groups: int = Field(default=2, ge=1)
-    group_size: int = Field(default=4, ge=2)
-    delta: float = Field(default=0.0, ge=0, description="Buffer groups whose reward std exceeds this.")
+    experiment: str = Field(default="grpo", description="Name; checkpoints go to the folder `OUT_DIR/EXPERIMENT`, "
+                            "the warm start to `OUT_DIR/EXPERIMENT-warmstart`.")
+    out_dir: str | None = Field(default=None, description="Parent folder of experiments (default: the config's "
+                                "out_dir + `/train`).")
+    envs: EnvSelection = Field(default=EnvSelection(split="train"), description="Training environments (default: "
+                               "the train split).")
+    episode: EpisodeParams = Field(default=TRAIN_EPISODE, description="Episode limits and sampling of rollouts.")
+    steps: int = Field(default=3, ge=1, description="GRPO steps in all (a resumed run continues up to this).")
+    batch_groups: int = Field(default=4, ge=1, description="Groups (prompts) per optimisation step.")
+    group_size: int = Field(default=8, ge=2, description="Rollouts per group (G).")
+    delta: float = Field(default=0.0, ge=0, description="Use only groups whose reward std exceeds this.")
     roc: bool = Field(default=False, description="Resample-on-Correct: roll out 2G, keep G.")
-    max_groups_per_step: int = Field(default=32, ge=1)
-    lr: float = Field(default=2e-6, gt=0)
-    micro_batch_size: int = Field(default=4, ge=1)
-    old_logprobs: Literal["policy", "engine"] = "policy"
-    checkpoint_every: int = Field(default=1, ge=1)
-    keep_optimizer: int = Field(default=2, ge=1, le=2)
-    concurrency: int = Field(default=32, ge=1)
-    seed: int = 0
-    warmstart_steps: int = Field(default=0, ge=0, description="SFT steps on the envs' gold-call conversations first.")
-    warmstart_lr: float = Field(default=5e-3, gt=0, description="Warm-start SFT learning rate.")
-    warmstart_batch_size: int = Field(default=2, ge=1)
-    verl: VerlParams = VerlParams()
+    max_groups_per_step: int = Field(default=32, ge=1, description="Stop filling a batch after this many groups; "
+                                     "a step that found no group with reward variance is skipped.")
+    curriculum: bool = Field(default=True, description="Pick environments by measured pass rate (weight p(1-p)); "
+                             "off: cycle through them in order.")
+    lr: float = Field(default=5e-5, gt=0, description="GRPO learning rate (constant).")
+    micro_batch_size: int = Field(default=8, ge=1, description="Rollouts per forward/backward pass.")
+    old_logprobs: Literal["policy", "engine"] = Field(default="policy", description="policy: on-policy ratio 1; "
+                                                      "engine: importance ratio against the engine's log-probs (vLLM).")
+    checkpoint_every: int = Field(default=5, ge=1, description="Save weights every k steps (and at the last).")
+    keep_optimizer: int = Field(default=2, ge=1, le=2, description="Checkpoints that keep optimizer state (resume).")
+    concurrency: int = Field(default=32, ge=1, description="Episodes in flight at once.")
+    seed: int = Field(default=0, description="Seed of sampling, curriculum and warm-start data order.")
+    warmstart_steps: int = Field(default=0, ge=0, description="First SFT this many steps on gold-call replays of the "
+                                 "training environments and kept SFT-track trajectories.")
+    warmstart_lr: float = Field(default=1e-3, gt=0, description="Warm-start SFT learning rate (peak, after warm-up).")
+    warmstart_batch_size: int = Field(default=8, ge=1, description="Warm-start SFT examples per step.")
+    warmstart_trajectories: int = Field(default=200, ge=0, description="At most this many kept SFT-track trajectories "
+                                        "join the warm-start data (best judge score first).")
+    evaluate: bool = Field(default=True, description="Evaluate on the test split: the starting policy, after the warm "
+                           "start and after GRPO (greedy, training episode limits); prints the table.")
+    eval_limit: int | None = Field(default=None, ge=1, description="Evaluate on at most this many test environments.")
+    verl: VerlParams = Field(default=VerlParams(), description="Scale-out: hand the job to verl on a Ray cluster.")
+
+
+# The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
+RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3, "steps": 12,
+                          "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 150}
 
 
 class WarmstartParams(_Params):
-    out: str = Field(description="Directory for warmstart.jsonl.")
-    envs: EnvSelection = EnvSelection(split="train")
+    out: str = Field(description="Folder to write warmstart.jsonl to.")
+    envs: EnvSelection = Field(default=EnvSelection(split="train"), description="Environments whose gold calls are "
+                               "replayed (default: the train split).")
 
 
 class SftParams(_Params):
     data: str = Field(description="SFT export: OpenAI messages+tools JSONL.")
-    model_path: str | None = None
-    experiment: str = "sft"
-    out_dir: str | None = None
-    epochs: int = Field(default=1, ge=1)
-    max_steps: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    lr: float = Field(default=1e-5, gt=0)
-    max_length: int = Field(default=4096, ge=16)
-    checkpoint_every: int = Field(default=50, ge=1)
-    keep_optimizer: int = Field(default=2, ge=1, le=2)
-    seed: int = 0
+    model_path: str | None = Field(default=None, description="Model dir or checkpoint, or a named policy "
+                                   "(arena-small, the default; tiny; smollm2-135m).")
+    experiment: str = Field(default="sft", description="Name; checkpoints go to the folder `OUT_DIR/EXPERIMENT`.")
+    out_dir: str | None = Field(default=None, description="Parent folder of experiments (default: the config's "
+                                "out_dir + `/train`).")
+    epochs: int = Field(default=1, ge=1, description="Passes over the data.")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps (default: all epochs).")
+    batch_size: int = Field(default=4, ge=1, description="Examples per step.")
+    lr: float = Field(default=1e-5, gt=0, description="Learning rate (constant after warm-up).")
+    max_length: int = Field(default=4096, ge=16, description="Tokens per example (longer ones are cut).")
+    checkpoint_every: int = Field(default=50, ge=1, description="Save weights every k steps (and at the last).")
+    keep_optimizer: int = Field(default=2, ge=1, le=2, description="Checkpoints that keep optimizer state (resume).")
+    seed: int = Field(default=0, description="Seed of the data order.")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -147,31 +185,34 @@ def warehouse_for(cfg: Config) -> Warehouse:
 
 
 def model_path_for(path: str | None) -> str:
-    if path:
-        return path
-    from arenaforge.tasks.train.tiny_model import ensure_tiny_model
+    """A model directory for `--model-path`: a path, a named policy (arena-small, tiny, smollm2-135m) or the default."""
+    from arenaforge.tasks.train.base_models import policy_path
 
-    return str(ensure_tiny_model())
-
-
-def in_eval_split(env_id: str, eval_share: float) -> bool:
-    return int(hashlib.sha256(env_id.encode()).hexdigest()[:8], 16) % 10_000 < eval_share * 10_000
+    return policy_path(path)
 
 
 def select_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
-    """Environments from the warehouse (`Warehouse.load(Environment)`), filtered and split."""
+    """Environments from the warehouse, filtered and restricted to the stored split; an input error when none."""
+    envs = matching_envs(wh, sel)
+    if not envs:
+        raise InputError(f"no environments in {wh.path} match {sel.model_dump(exclude_defaults=True) or 'the selection'}"
+                         " (run `arenaforge envs ...` first)")
+    return envs
+
+
+def matching_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
+    """Environments from the warehouse, filtered and restricted to the stored split (assigned on first use)."""
+    from arenaforge.tasks.train.splits import ensure_splits
+
     envs = wh.load(Environment)
     if sel.env_ids:
         wanted = set(sel.env_ids)
         envs = [e for e in envs if e.id in wanted or e.name in wanted]
     if sel.split != "all":
-        envs = [e for e in envs if in_eval_split(e.id, sel.eval_share) == (sel.split == "eval")]
-    if sel.limit:
-        envs = envs[: sel.limit]
-    if not envs:
-        raise InputError(f"no environments in {wh.path} match {sel.model_dump(exclude_defaults=True) or 'the selection'}"
-                         " (run `arenaforge envs ...` first)")
-    return envs
+        split = "test" if sel.split == "eval" else sel.split
+        rows = ensure_splits(wh, scheme=sel.scheme, test_share=sel.test_share, seed=sel.split_seed)
+        envs = [e for e in envs if rows[e.id].split == split]
+    return envs[: sel.limit] if sel.limit else envs
 
 
 def engine_factory(params: PolicyParams) -> Callable[[Any, Any], PolicyEngine]:
@@ -203,7 +244,7 @@ def _load_tokenizer(path: str) -> Any:
 
 
 # --------------------------------------------------------------------------- jobs
-def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
+async def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
     """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward."""
     from arenaforge.tasks.rollout.episodes import run_rollouts
 
@@ -219,9 +260,9 @@ def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
 
             model = AutoModelForCausalLM.from_pretrained(path).to(params.device)
         engine = engine_factory(params.model_copy(update={"model_path": path}))(model, tokenizer)
-        episodes = asyncio.run(_with_pool(cfg, lambda pool: run_rollouts(
+        episodes = await _with_pool(cfg, lambda pool: run_rollouts(
             engine, tokenizer, pool, envs, params.episode.rollout_config(params.seed), params.samples,
-            params.concurrency)))
+            params.concurrency))
         rollouts = [e.rollout.model_copy(update={"run_id": run.id}) for e in episodes]
         rejections = env_failure_rejections(rollouts)
         counts["rollouts"] = wh.upsert([*rollouts, *rejections]) - len(rejections)
@@ -231,39 +272,49 @@ def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
             "mean_f1": sum(r.reward.f1 for r in scored) / len(scored) if scored else 0.0}
 
 
-def eval_job(params: EvalParams) -> dict[str, Any]:
-    """Evaluate a policy on held-out environments; one EvalRun row plus its rollouts."""
-    from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
-
+async def eval_job(params: EvalParams) -> dict[str, Any]:
+    """Evaluate a policy on held-out environments (default: the test split); one EvalRun row plus its rollouts."""
     cfg = config_for(params)
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
-    path = model_path_for(params.model_path)
+    return await evaluate_policy(cfg, wh, params, model_path_for(params.model_path), envs, params.episode,
+                                 flow_params=params.model_dump(mode="json"))
+
+
+EVAL_COLUMNS = ("f1", "recall", "precision", "calls_per_task", "format_errors_per_task", "episodes")
+
+
+async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path: str, envs: Sequence[Environment],
+                    episode: EpisodeParams, *, samples: int = 1, seed: int = 0, concurrency: int = 32,
+                    label: str | None = None, flow_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Roll out the policy at `path` on `envs` (an `eval` run); the EvalRun's numbers and ids."""
+    from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
+
     tokenizer = _load_tokenizer(path)
-    with recorded_run(wh, "eval", params.model_dump(mode="json")) as (run, counts):
+    run_params = flow_params or {"model_path": path, "label": label, "env_ids": [e.id for e in envs]}
+    with recorded_run(wh, "eval", run_params) as (run, counts):
         model = None
-        if params.engine == "hf":
+        if policy.engine == "hf":
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(path).to(params.device)
-        engine = engine_factory(params.model_copy(update={"model_path": path}))(model, tokenizer)
-        eval_cfg = EvalConfig(samples=params.samples, concurrency=params.concurrency,
-                              rollout=params.episode.rollout_config(params.seed))
-        summary, rollouts = asyncio.run(_with_pool(cfg, lambda pool: evaluate(engine, tokenizer, pool, envs,
-                                                                              eval_cfg, run.id)))
+            model = AutoModelForCausalLM.from_pretrained(path).to(policy.device)
+        engine = engine_factory(policy.model_copy(update={"model_path": path}))(model, tokenizer)
+        eval_cfg = EvalConfig(samples=samples, concurrency=concurrency, rollout=episode.rollout_config(seed))
+        summary, rollouts = await _with_pool(cfg, lambda pool: evaluate(engine, tokenizer, pool, envs, eval_cfg,
+                                                                         run.id, label))
         rejections = env_failure_rejections(rollouts, "eval")
         counts["rollouts"] = wh.upsert([summary, *rollouts, *rejections]) - 1 - len(rejections)
         counts["episodes"] = summary.episodes
-    return {"run_id": run.id, "eval_id": summary.id, "f1": summary.f1, "recall": summary.recall,
-            "precision": summary.precision, "calls_per_task": summary.calls_per_task,
-            "failure_reasons": summary.failure_reasons, "episodes": summary.episodes}
+    return {"run_id": run.id, "eval_id": summary.id, "policy": path, **({"label": label} if label else {}),
+            **{k: getattr(summary, k) for k in EVAL_COLUMNS}, "statuses": summary.statuses,
+            "failure_reasons": summary.failure_reasons}
 
 
 def _out_dir(cfg: Config, out_dir: str | None, experiment: str) -> Path:
     return Path(out_dir or Path(cfg.out_dir) / "train") / experiment
 
 
-def grpo_job(params: GrpoParams) -> dict[str, Any]:
+async def grpo_job(params: GrpoParams) -> dict[str, Any]:
     """GRPO on one node, or — with verl.ray_address / verl.spec_only — the verl job hand-off."""
     cfg = config_for(params)
     wh = warehouse_for(cfg)
@@ -276,30 +327,63 @@ def grpo_job(params: GrpoParams) -> dict[str, Any]:
                           "run `train warmstart` + `train sft` and serve/pass that checkpoint")
     if params.verl.ray_address or params.verl.spec_only:
         return verl_job(params, cfg, wh, envs, out)
+    from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.grpo import GrpoConfig
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.tasks.train.splits import ensure_splits
 
     path = model_path_for(params.model_path)
+    test_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [],
+                                                                 "limit": params.eval_limit})) if params.evaluate else []
+    if params.evaluate and not test_envs:
+        log.info("no test environments in this warehouse's split: nothing to evaluate on")
+    evals: dict[str, dict[str, Any]] = {}
+    eval_episode = params.episode.model_copy(update={"temperature": 0.0})
+
+    async def stage_eval(label: str, model: str) -> None:
+        if test_envs:
+            log.info(f"evaluating {label} on {len(test_envs)} test environments")
+            evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, seed=params.seed,
+                                           concurrency=params.concurrency, label=label)
+            log.info(f"{label}: test F1 {evals[label]['f1']:.3f}")
+
+    await stage_eval("untrained" if params.model_path in (None, *BASE_POLICIES) else "start", path)
     warm: dict[str, Any] = {}
     if params.warmstart_steps:
-        warm = warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
+        warm = await warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
         path = warm["checkpoint"]
+        await stage_eval("warm start", path)
     run_cfg = GrpoRunConfig(
         out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
         delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
-        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
+        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
         concurrency=params.concurrency, seed=params.seed, device=params.device, rollout=params.episode.rollout_config(params.seed),
         grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs),
     )
     factory = engine_factory(params.model_copy(update={"model_path": path}))
+    structures = {env_id: row.stratum for env_id, row in
+                  ensure_splits(wh, scheme=params.envs.scheme, test_share=params.envs.test_share,
+                                seed=params.envs.split_seed).items()}
     with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
-        summary = asyncio.run(_with_pool(cfg, lambda pool: train_grpo(run_cfg, path, factory, pool, envs, wh, run.id)))
+        summary = await _with_pool(cfg, lambda pool: train_grpo(run_cfg, path, factory, pool, envs, wh, run.id,
+                                                                 structures))
         counts["steps"] = summary.last_step - summary.first_step + 1
         counts["checkpoints"] = len(summary.checkpoints)
+    final = str(CheckpointManager(out).checkpoints()[-1].path)
+    await stage_eval("warm start + GRPO" if warm else "GRPO", final)
     last = summary.metrics[-1] if summary.metrics else {}
+    steps = summary.metrics
     return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
             "last_step": summary.last_step, "resumed_from": summary.resumed_from, "checkpoints": summary.checkpoints,
-            "last_metrics": last, **({"warmstart": warm} if warm else {})}
+            "final_checkpoint": final, "last_metrics": last,
+            "skipped_steps": int(sum(m.get("skipped", 0) for m in steps)),
+            "zero_variance_share": _mean_of(steps, "zero_variance_share"),
+            **({"warmstart": warm} if warm else {}), **({"eval": evals} if evals else {})}
+
+
+def _mean_of(rows: Sequence[dict[str, float]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return round(sum(values) / len(values), 4) if values else None
 
 
 async def _warmstart_examples(cfg: Config, envs: Sequence[Environment]) -> tuple[list[dict[str, Any]], list[Any]]:
@@ -308,34 +392,43 @@ async def _warmstart_examples(cfg: Config, envs: Sequence[Environment]) -> tuple
     return await _with_pool(cfg, lambda pool: warmstart_examples(pool, envs))
 
 
-def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], model_path: str,
+async def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], model_path: str,
                   out: Path) -> dict[str, Any]:
-    """SFT from `model_path` on the gold-call conversations of `envs` (`out`); returns its final checkpoint.
+    """SFT from `model_path` on the gold-call replays of `envs` plus kept SFT-track trajectories (`out`).
 
-    Re-running the same experiment resumes (or, when done, reuses) the warm-start checkpoints.
+    Returns its final checkpoint. Re-running the same experiment resumes (or, when done, reuses) it.
     """
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.sft import SftConfig, train_sft
-    from arenaforge.tasks.train.warmstart import write_jsonl
+    from arenaforge.tasks.train.warmstart import trajectory_examples, write_jsonl
 
     with recorded_run(wh, "train-warmstart", params.model_dump(mode="json")) as (run, counts):
-        examples, rejections = asyncio.run(_warmstart_examples(cfg, envs))
+        examples, rejections = await _warmstart_examples(cfg, envs)
         counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
         if not examples:
             raise InputError(f"warm start: no environment's gold calls replay cleanly ({len(rejections)} rejected)")
+        replays = len(examples)
+        if params.warmstart_trajectories:
+            examples += trajectory_examples(wh, params.warmstart_trajectories)
+        counts["examples"] = len(examples)
         data = write_jsonl(examples, out / "warmstart.jsonl")
+        log.info(f"warm start: {replays} gold-call replays + {len(examples) - replays} SFT-track trajectories, "
+                 f"{params.warmstart_steps} steps")
         sft_cfg = SftConfig(out_dir=str(out), epochs=10**6, max_steps=params.warmstart_steps,
                             batch_size=params.warmstart_batch_size, lr=params.warmstart_lr,
+                            warmup_steps=min(20, params.warmstart_steps // 10), decay=True,
+                            max_length=WARMSTART_MAX_LENGTH,
                             checkpoint_every=params.warmstart_steps, keep_optimizer=1, seed=params.seed,
                             device=params.device)
         summary = train_sft(sft_cfg, model_path, data, wh, run.id)
         counts["steps"] = summary.last_step - summary.first_step + 1
     final = CheckpointManager(out).checkpoints()[-1]
-    return {"checkpoint": str(final.path), "examples": len(examples), "rejected": len(rejections),
+    return {"run_id": run.id, "checkpoint": str(final.path), "examples": len(examples), "replays": replays,
+            "trajectories": len(examples) - replays, "rejected": len(rejections),
             "steps": final.step, "last_loss": summary.metrics[-1]["loss"] if summary.metrics else None}
 
 
-def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
+async def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
     """Write the warm-start SFT conversations of the selected environments to <out>/warmstart.jsonl."""
     from arenaforge.tasks.train.warmstart import write_jsonl
 
@@ -343,7 +436,7 @@ def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
     with recorded_run(wh, "warmstart", params.model_dump(mode="json")) as (run, counts):
-        examples, rejections = asyncio.run(_warmstart_examples(cfg, envs))
+        examples, rejections = await _warmstart_examples(cfg, envs)
         counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
         path = write_jsonl(examples, Path(params.out) / "warmstart.jsonl")
         counts["examples"] = len(examples)
@@ -361,7 +454,7 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
         max_turns=params.episode.max_turns, total_steps=v.total_steps, save_freq=params.checkpoint_every,
         nnodes=v.nnodes, gpus_per_node=v.gpus_per_node, tensor_parallel=v.tensor_parallel,
     )
-    eval_envs = [e for e in wh.load(Environment) if in_eval_split(e.id, params.envs.eval_share)]
+    eval_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
     with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
         job = write_job(spec, envs, eval_envs)
         job_id = None if v.spec_only or not v.ray_address else submit(job, v.ray_address)

@@ -15,6 +15,7 @@ Everything a run writes goes to the warehouse at step boundaries: the step's rol
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -30,10 +31,12 @@ from arenaforge.tasks.policy.base import PolicyEngine
 from arenaforge.tasks.rollout.episodes import Episode, RolloutConfig, SandboxPool, env_failure_rejections, stream_groups
 from arenaforge.tasks.train.batching import AdaptiveBatcher
 from arenaforge.tasks.train.checkpoints import CheckpointManager
+from arenaforge.tasks.train.curriculum import Curriculum
 from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
 from arenaforge.warehouse import Warehouse
 
 EngineFactory = Callable[[Any, Any], PolicyEngine]  # (model, tokenizer) -> engine
+log = logging.getLogger("arenaforge.train")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class GrpoRunConfig:
     keep_optimizer: int = 2
     concurrency: int = 32
     in_flight_groups: int = 4
+    curriculum: bool = True  # pick environments by measured pass rate (curriculum.py); False: cycle in order
     seed: int = 0
     device: str = "cpu"
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -106,10 +110,24 @@ def step_metrics(generated: Sequence[Episode], batch: Sequence[Sequence[Rollout]
     }
 
 
+def step_line(algorithm: str, step: int, total: int, metrics: dict[str, float]) -> str:
+    """One log line per step: what a person watching a run needs."""
+    if algorithm == "sft":
+        return f"sft step {step}/{total}: loss {metrics['loss']:.4f}, lr {metrics.get('lr', 0):.2g}"
+    skipped = "SKIPPED (no group with reward variance)" if metrics.get("skipped") else f"loss {metrics.get('loss', 0):.4f}"
+    return (f"grpo step {step}/{total}: reward {metrics['reward']:.3f}, F1 {metrics['reward']:.3f} "
+            f"(recall {metrics['recall']:.3f}, precision {metrics['precision']:.3f}), zero-variance share "
+            f"{metrics['zero_variance_share']:.2f}, groups used {int(metrics['groups_used'])}/"
+            f"{int(metrics['groups_generated'])}, {skipped}")
+
+
 async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory: EngineFactory,
                      pool: SandboxPool, envs: Sequence[Environment], wh: Warehouse | None = None,
-                     run_id: str | None = None) -> GrpoSummary:
-    """Run (or resume) GRPO until `cfg.steps` steps exist under `cfg.out_dir`."""
+                     run_id: str | None = None, structures: dict[str, str] | None = None) -> GrpoSummary:
+    """Run (or resume) GRPO until `cfg.steps` steps exist under `cfg.out_dir`.
+
+    `structures` (env id -> stratum) lets the curriculum share pass rates between environments of one structure.
+    """
     out = Path(cfg.out_dir)
     experiment = out.name
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
@@ -136,8 +154,9 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
         return summary
 
     launched = cursor
+    curriculum = Curriculum(envs, structures or {}, seed=cfg.seed, adaptive=cfg.curriculum)
     stream = stream_groups(engine, tokenizer, pool, envs, rollout_cfg, rollout_group, concurrency=cfg.concurrency,
-                           start=cursor, in_flight_groups=cfg.in_flight_groups)
+                           start=cursor, in_flight_groups=cfg.in_flight_groups, pick=curriculum.pick)
     try:
         while step < cfg.steps:
             step += 1
@@ -147,6 +166,9 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
                 group = await anext(stream)
                 launched += 1
                 generated += group
+                scored = [e.rollout for e in group if e.rollout.status != "env_failure"]
+                if scored:
+                    curriculum.observe(scored[0].env_id, [r.reward.f1 for r in scored])
                 batcher.offer([e.rollout for e in group])
             rollout_s = time.perf_counter() - started
             batch = batcher.take(cfg.batch_groups)
@@ -154,6 +176,8 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
             metrics = step_metrics(generated, batch, fill, rollout_s)
             with lock if lock is not None else contextlib.nullcontext():
                 metrics.update(trainer.step(batch) if batch else {"loss": 0.0, "skipped": 1.0})
+            metrics.setdefault("skipped", 0.0)
+            log.info(step_line("grpo", step, cfg.steps, metrics))
             rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in generated]
             records: list[Any] = [*rollouts, *env_failure_rejections(rollouts, "train-grpo")]
             records.append(TrainStep(experiment=experiment, algorithm="grpo", step=step, policy=source,

@@ -10,6 +10,7 @@ restores model, optimizer, scheduler and the position in the data.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.warehouse import Warehouse
 
+log = logging.getLogger("arenaforge.train")
+LOG_EVERY = 10  # steps between progress lines
+
 
 @dataclass(frozen=True)
 class SftConfig:
@@ -33,6 +37,7 @@ class SftConfig:
     lr: float = 1e-5
     max_length: int = 4096
     warmup_steps: int = 0
+    decay: bool = False  # after warm-up, decay the lr linearly to 10% at the last step (warm start from scratch)
     max_grad_norm: float = 1.0
     checkpoint_every: int = 50
     keep_optimizer: int = 2
@@ -56,7 +61,7 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as err:
-        raise InputError(f"cannot read SFT data {path}: {err.strerror}") from None
+        raise InputError(f"cannot read SFT data {Path(path).resolve()}: {err.strerror}") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -81,7 +86,10 @@ def encode(tokenizer: Any, example: dict[str, Any], max_length: int) -> tuple[li
                     call["function"]["arguments"] = json.loads(args)
                 except json.JSONDecodeError:
                     pass
-    out = tokenizer.apply_chat_template(messages, tools=example.get("tools") or None, tokenize=True,
+    tools = example.get("tools") or None
+    if isinstance(tools, str):  # the Parquet export (and exports before 0.2) hold tools as one JSON string
+        tools = json.loads(tools)
+    out = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
                                         return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = list(out["input_ids"])[:max_length], list(out["assistant_masks"])[:max_length]
     return (ids, mask) if sum(mask) else None
@@ -124,15 +132,23 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
         raise InputError(f"{data_path}: no example has an assistant token")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     warmup = cfg.warmup_steps
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+    per_epoch = -(-len(rows) // cfg.batch_size)
+    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+
+    def lr_factor(s: int) -> float:
+        if warmup and s < warmup:
+            return (s + 1) / warmup
+        if cfg.decay:
+            return 1.0 - 0.9 * (s - warmup) / max(1, total - warmup)
+        return 1.0
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     step = 0
     if saved is not None:
         state, meta = CheckpointManager.load_state(saved)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = int(meta["step"])
-    per_epoch = -(-len(rows) // cfg.batch_size)
-    total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
     summary = SftSummary(out.name, step + 1, step, str(saved.path) if saved else None, len(encoded) - len(rows), [])
     model.train()
     while step < total:
@@ -166,4 +182,7 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
             wh.upsert(records)
         summary.metrics.append(metrics)
         summary.last_step = step
+        if step % LOG_EVERY == 0 or step == total:
+            log.info(f"sft {out.name} step {step}/{total}: loss {metrics['loss']:.4f}, lr {lr:.2g}, "
+                     f"{metrics['tokens_per_s']:.0f} tokens/s")
     return summary

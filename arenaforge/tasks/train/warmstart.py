@@ -24,21 +24,44 @@ from typing import Any
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, ToolCall, ToolObservation
 from arenaforge.tasks.rollout.episodes import DEFAULT_SYSTEM, SandboxPool, initial_messages
+from arenaforge.warehouse import Warehouse
 
 STAGE = "warmstart"
 
 
+def call_waves(env: Environment) -> list[list[int]]:
+    """Gold call indices grouped into turns: a call waits for the turn after the calls whose answers it uses.
+
+    Independent calls (the parallel branches of a QA) share one assistant turn, as a model would
+    issue them: fewer turns, shorter episodes, the same observations.
+    """
+    depth: list[int] = []
+    for index, call in enumerate(env.calls):
+        used = {_norm(v) for v in call.arguments.values() if isinstance(v, (str, int, float))}
+        parents = [depth[j] for j in range(index) if env.calls[j].answer is not None and _norm(env.calls[j].answer) in used]
+        depth.append(1 + max(parents) if parents else 0)
+    return [[i for i, d in enumerate(depth) if d == wave] for wave in range(max(depth, default=-1) + 1)]
+
+
+def _norm(value: object) -> str:
+    return str(value).strip().lower()
+
+
 def conversation(env: Environment, observations: Sequence[ToolObservation],
                  system_prompt: str | None = DEFAULT_SYSTEM) -> dict[str, Any]:
-    """The SFT example of `env`: rollout prompt, one gold call per assistant turn, its observation, the answer."""
+    """The SFT example of `env`: rollout prompt, one turn per wave of gold calls, their observations, the answer."""
     messages = list(initial_messages(env, system_prompt))
-    for turn, (call, obs) in enumerate(zip(env.calls, observations, strict=True)):
-        call_id = f"call_{turn}_0"  # the ids run_episode gives
-        messages.append(ChatMessage(role="assistant", tool_calls=[ToolCall(
-            id=call_id, function=FunctionCall(name=call.tool, arguments=json.dumps(call.arguments)))]))
-        messages.append(ChatMessage(role="tool", content=obs.text(), tool_call_id=call_id, name=call.tool))
-    answer = env.gold_answers[-1] if env.gold_answers else observations[-1].text()
-    messages.append(ChatMessage(role="assistant", content=f"The answer is {answer}."))
+    last: list[int] = []
+    for turn, wave in enumerate(call_waves(env)):
+        ids = [f"call_{turn}_{k}" for k in range(len(wave))]  # the ids run_episode gives
+        messages.append(ChatMessage(role="assistant", tool_calls=[
+            ToolCall(id=call_id, function=FunctionCall(name=env.calls[i].tool, arguments=json.dumps(env.calls[i].arguments)))
+            for call_id, i in zip(ids, wave, strict=True)]))
+        messages += [ChatMessage(role="tool", content=observations[i].text(), tool_call_id=call_id, name=env.calls[i].tool)
+                     for call_id, i in zip(ids, wave, strict=True)]
+        last = wave
+    finals = [env.calls[i].answer or observations[i].text() for i in last] or env.gold_answers[-1:]
+    messages.append(ChatMessage(role="assistant", content=f"The answer is {', '.join(finals)}."))
     return {"messages": [m.model_dump(exclude_none=True) for m in messages],
             "tools": [t.as_openai_tool() for t in env.tools], "env_id": env.id}
 
@@ -78,3 +101,16 @@ def write_jsonl(examples: Sequence[dict[str, Any]], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(e, ensure_ascii=False) + "\n" for e in examples))
     return path
+
+
+def trajectory_examples(wh: Warehouse, limit: int | None = None) -> list[dict[str, Any]]:
+    """Kept SFT-track trajectories (judge `keep`) as warm-start examples, best-scored first.
+
+    They come from the tool documents of the SFT track, never from an environment, so they carry
+    no test environment into training.
+    """
+    from arenaforge.tasks.sft.export import kept_trajectories
+
+    ranked = sorted(kept_trajectories(wh), key=lambda item: (-item[1], item[0].id))[:limit]
+    return [{"messages": [m.model_dump(exclude_none=True) for m in t.messages],
+             "tools": [f.as_openai_tool() for f in t.tools], "trajectory_id": t.id} for t, _ in ranked]

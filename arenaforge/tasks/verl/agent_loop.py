@@ -12,22 +12,24 @@ and reuses `arenaforge.tasks.rollout.episodes.run_episode`, so verl training see
 F1 reward of our one-node trainer. It returns a plain dict; `verl_adapter.ArenaAgentLoop`
 turns it into verl's `AgentLoopOutput`.
 
+Each sample names its environment by id (`extra_info.env_id`); the record comes from the
+`environments.jsonl` written beside the Parquet (`dataset.write_dataset_dir`).
+
 Environment failures cannot be dropped inside verl's fixed-size batch, so they are neutralised:
 response_mask all 0 (no gradient), reward 0, `extra_fields["env_failure"] = 1`.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.policy.base import Generation, SamplingParams
 from arenaforge.tasks.rollout.episodes import RolloutConfig, SandboxPool, run_episode
-
-TOOL_KEY = "arena"  # the one key under extra_info.tools_kwargs (a fixed Parquet schema across envs)
+from arenaforge.tasks.verl.dataset import load_environment
 
 
 class ServerManagerEngine:
@@ -54,20 +56,20 @@ class ServerManagerEngine:
         return Generation(token_ids=ids, logprobs=[float(x) for x in logprobs], finish_reason=finish)
 
 
-def environment_from_kwargs(kwargs: dict[str, Any]) -> Environment:
-    """The Environment a verl sample carries in extra_info.tools_kwargs (see dataset.py)."""
-    tools_kwargs = kwargs.get("tools_kwargs") or (kwargs.get("extra_info") or {}).get("tools_kwargs") or {}
-    payload = (tools_kwargs.get(TOOL_KEY) or {}).get("create_kwargs", {}).get("env_json")
-    if not payload:
-        raise ValueError(f"verl sample has no extra_info.tools_kwargs.{TOOL_KEY}.create_kwargs.env_json")
-    return Environment.model_validate_json(payload)
+def environment_from_kwargs(kwargs: dict[str, Any], environments: str | Path) -> Environment:
+    """The Environment a verl sample names (`extra_info.env_id`), from the export's environments.jsonl."""
+    env_id = (kwargs.get("extra_info") or {}).get("env_id")
+    if not env_id:
+        raise ValueError("verl sample has no extra_info.env_id (write the dataset with arenaforge envs export)")
+    return load_environment(environments, env_id)
 
 
 class ArenaAgentCore:
     """The CPU-testable body of the verl agent loop."""
 
     def __init__(self, server_manager: Any, tokenizer: Any, pool: SandboxPool, rollout: RolloutConfig,
-                 policy: str = "verl") -> None:
+                 environments: str | Path, policy: str = "verl") -> None:
+        self.environments = environments
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.pool = pool
@@ -75,7 +77,7 @@ class ArenaAgentCore:
         self.policy = policy
 
     async def run(self, sampling_params: dict[str, Any], request_id: str, **kwargs: Any) -> dict[str, Any]:
-        env = environment_from_kwargs(kwargs)
+        env = environment_from_kwargs(kwargs, self.environments)
         engine = ServerManagerEngine(self.server_manager, request_id, sampling_params, self.policy)
         cfg = RolloutConfig(**{**asdict(self.rollout), "temperature": float(sampling_params.get("temperature", 1.0)),
                                "top_p": float(sampling_params.get("top_p", 1.0))})
@@ -97,8 +99,3 @@ class ArenaAgentCore:
                 "failure_reason": r.failure_reason or "",
             },
         }
-
-
-def env_payload(env: Environment) -> dict[str, Any]:
-    """What dataset rows carry under extra_info.tools_kwargs."""
-    return {TOOL_KEY: {"create_kwargs": {"env_json": json.dumps(env.model_dump(mode="json"), sort_keys=True)}}}

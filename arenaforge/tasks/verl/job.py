@@ -21,7 +21,7 @@ from typing import Any
 
 from arenaforge.schemas.errors import ConfigError
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.verl.dataset import AGENT_NAME, write_dataset
+from arenaforge.tasks.verl.dataset import AGENT_NAME, VerlFiles, write_dataset_dir
 
 VERL_VERSION = "0.9.1"
 
@@ -59,7 +59,8 @@ class VerlJob:
         return {**asdict(self), "spec": asdict(self.spec)}
 
 
-def hydra_overrides(spec: VerlJobSpec, train_files: str, val_files: str, agent_config: str) -> list[str]:
+def hydra_overrides(spec: VerlJobSpec, files: VerlFiles) -> list[str]:
+    """verl 0.9.1 overrides of `verl/trainer/config/ppo_trainer.yaml` for ASTRA's recipe on `files`."""
     ppo_mini = max(1, spec.train_batch_size // 4)
     return [
         "algorithm.adv_estimator=grpo",
@@ -67,8 +68,8 @@ def hydra_overrides(spec: VerlJobSpec, train_files: str, val_files: str, agent_c
         "algorithm.filter_groups.enable=True",
         "algorithm.filter_groups.metric=reward",  # verl 0.9: the canonical rm_scores (our F1)
         f"algorithm.filter_groups.max_num_gen_batches={spec.max_num_gen_batches}",
-        f"data.train_files={train_files}",
-        f"data.val_files={val_files}",
+        f"data.train_files={files.train}",
+        f"data.val_files={files.val}",
         "data.prompt_key=prompt",
         "data.return_raw_chat=True",
         f"data.train_batch_size={spec.train_batch_size}",
@@ -91,7 +92,8 @@ def hydra_overrides(spec: VerlJobSpec, train_files: str, val_files: str, agent_c
         "actor_rollout_ref.rollout.multi_turn.enable=True",
         f"actor_rollout_ref.rollout.multi_turn.max_assistant_turns={spec.max_turns}",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_config}",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={files.tool_config}",  # for agent_name tool_agent
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={files.agent_config}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
         f"reward.custom_reward_function.path={resources.files('arenaforge.tasks.verl').joinpath('reward.py')}",
         "reward.custom_reward_function.name=compute_score",
@@ -110,16 +112,12 @@ def hydra_overrides(spec: VerlJobSpec, train_files: str, val_files: str, agent_c
 
 
 def write_job(spec: VerlJobSpec, envs: Sequence[Environment], val_envs: Sequence[Environment] = ()) -> VerlJob:
-    """Write the dataset(s), agent-loop config and job.json under `spec.out_dir`; the job."""
+    """Write the dataset directory (`dataset.write_dataset_dir`) and job.json under `spec.out_dir`; the job."""
     if not envs:
         raise ConfigError("a verl job needs at least one environment")
     out = Path(spec.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    train = write_dataset(envs, out / "train.parquet")
-    val = write_dataset(val_envs or envs[: max(1, len(envs) // 10)], out / "val.parquet")
-    agent_config = out / "agent_loops.yaml"
-    agent_config.write_text(f"- name: {AGENT_NAME}\n  _target_: arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop\n")
-    overrides = hydra_overrides(spec, str(train), str(val), str(agent_config))
+    files = write_dataset_dir(envs, val_envs or envs[: max(1, len(envs) // 10)], out)
+    overrides = hydra_overrides(spec, files)
     entrypoint = "python -m verl.trainer.main_ppo " + " ".join(shlex.quote(o) for o in overrides)
     runtime_env = {
         # ship the installed package itself (a checkout or a wheel alike), not a source tree
@@ -127,7 +125,7 @@ def write_job(spec: VerlJobSpec, envs: Sequence[Environment], val_envs: Sequence
         "pip": [f"verl=={VERL_VERSION}"],
         "env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     }
-    job = VerlJob(spec, str(train), str(agent_config), overrides, entrypoint, runtime_env)
+    job = VerlJob(spec, str(files.train), str(files.agent_config), overrides, entrypoint, runtime_env)
     (out / "job.json").write_text(json.dumps(job.as_json(), indent=2))
     return job
 

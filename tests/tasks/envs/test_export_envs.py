@@ -1,12 +1,17 @@
-"""Exports: verl Parquet (loads with polars), Harbor task dirs whose test.sh writes reward.json, JSON-lines."""
+"""Exports: verl 0.9.1 files (splits, per-tool tools_kwargs, configs), Harbor tasks whose verifier trusts only the
+tools service's signed call log (forgeries score 0), JSON-lines."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -22,7 +27,9 @@ from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import assemble
 from tests.support.envs_fakes import fake_embed, sandbox_cfg
+from tests.support.harbor import ToolsService
 from tests.support.models import offline_model
+from tests.support.requirements import require_docker
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +50,46 @@ def envs() -> list[Environment]:
     return [assemble(d.qa, d.tools, c.tools, [t.name for t in c.tools], None) for d, c in zip(drafts, chosen, strict=True)]
 
 
-def test_verl_parquet_loads_with_polars(envs, tmp_path: Path) -> None:
-    path = write_verl(envs, tmp_path / "verl.parquet")
-    df = pl.read_parquet(path)
-    assert df.height == len(envs)
-    assert {"prompt", "agent_name", "reward_model", "extra_info", "tools", "data_source"} <= set(df.columns)
-    row = df.row(0, named=True)
-    assert row["prompt"][-1]["role"] == "user" and row["prompt"][-1]["content"] == envs[0].question
-    assert json.loads(row["reward_model"]["ground_truth"]) == envs[0].gold_answers
-    assert row["extra_info"]["env_id"] == envs[0].id
-    env_json = json.loads(row["extra_info"]["tools_kwargs"]["arena"]["create_kwargs"]["env_json"])
-    assert Environment.model_validate(env_json).id == envs[0].id
-    assert [t["function"]["name"] for t in json.loads(row["tools"])] == [t.name for t in envs[0].tools]
+def test_verl_export_writes_splits_tools_and_configs(envs, tmp_path: Path) -> None:
+    files = write_verl(envs, tmp_path / "verl")
+    train, val = pl.read_parquet(files.train), pl.read_parquet(files.val)
+    assert train.height + val.height == len(envs) and val.height >= 1
+    assert {"prompt", "agent_name", "reward_model", "extra_info", "tools", "data_source"} <= set(train.columns)
+    by_id = {e.id: e for e in envs}
+    row = train.row(0, named=True)
+    env = by_id[row["extra_info"]["env_id"]]
+    assert row["prompt"][-1]["role"] == "user" and row["prompt"][-1]["content"] == env.question
+    assert json.loads(row["reward_model"]["ground_truth"]) == env.gold_answers
+    assert row["extra_info"]["split"] == "train" and val.row(0, named=True)["extra_info"]["split"] == "val"
+    # stock ToolAgentLoop: tools_kwargs keyed by each tool's name, the sample limited to its own tools
+    own = row["extra_info"]["tool_selection"]
+    assert sorted(own) == sorted(t.name for t in env.tools)
+    kwargs = row["extra_info"]["tools_kwargs"]
+    assert all(kwargs[name]["create_kwargs"] == {"env_id": env.id, "function": name} for name in own)
+    assert [t["function"]["name"] for t in json.loads(row["tools"])] == [t.name for t in env.tools]
+    import yaml
+
+    tools = yaml.safe_load(files.tool_config.read_text())["tools"]
+    assert {t["tool_schema"]["function"]["name"] for t in tools} >= set(own)
+    assert {t["class_name"] for t in tools} == {"arenaforge.tasks.verl.verl_adapter.VerlArenaTool"}
+    (loop,) = yaml.safe_load(files.agent_config.read_text())
+    assert loop["name"] == row["agent_name"] == "arena_agent" and loop["environments"] == str(files.environments)
+    assert sorted(Environment.model_validate_json(x).id for x in files.environments.read_text().splitlines()) == \
+        sorted(by_id)
+
+
+def test_verl_tool_names_split_same_name_different_schema() -> None:
+    from arenaforge.tasks.verl.dataset import verl_tool_names
+    from tests.support.rl import tiny_env
+
+    a = tiny_env()
+    b = tiny_env(country="Sylvania", capital="Ostia")
+    changed = b.tools[0].model_copy(update={"description": "Another capital lookup."})
+    b = b.model_copy(update={"tools": [changed, b.tools[1]]})
+    names, schemas = verl_tool_names([a, b])
+    assert names[(a.id, "get_capital")] == "get_capital" and names[(b.id, "get_capital")] == "get_capital_2"
+    assert names[(b.id, "get_population")] == "get_population"  # same schema: one verl tool
+    assert set(schemas) == {"get_capital", "get_capital_2", "get_population"}
 
 
 def test_jsonl_round_trips(envs, tmp_path: Path) -> None:
@@ -63,42 +98,157 @@ def test_jsonl_round_trips(envs, tmp_path: Path) -> None:
     assert [e.id for e in back] == [e.id for e in envs]
 
 
-def _run(script: Path, env_dir: Path, logs: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ENV_DIR": str(env_dir), "LOGS_DIR": str(logs), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    return subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
+def _sh(script: Path, tools_url: str, logs: Path, bin_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOOLS_URL": tools_url, "LOGS_DIR": str(logs),
+           "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    return subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_harbor_task_dirs_solve_and_grade(envs, tmp_path: Path) -> None:
-    dirs = write_harbor(envs, tmp_path / "harbor", image="arenaforge-sandbox:test")
-    assert len(dirs) == len(envs)
-    d, env = dirs[0], envs[0]
-    for rel in ("instruction.md", "task.toml", "environment/Dockerfile", "solution/solve.sh", "tests/test.sh"):
+def _reward(logs: Path) -> dict:
+    return json.loads((logs / "verifier" / "reward.json").read_text())
+
+
+@pytest.fixture
+def harbor_task(envs, tmp_path: Path):
+    (d,) = write_harbor(envs[:1], tmp_path / "harbor")
+    bin_dir = tmp_path / "bin"  # what the task's Dockerfile installs: call-tool on PATH
+    bin_dir.mkdir()
+    (bin_dir / "call-tool").symlink_to(d / "environment" / "call_tool.py")
+    service = ToolsService(d / "environment" / "tools")
+    try:
+        yield d, envs[0], service, bin_dir
+    finally:
+        service.stop()
+
+
+def test_harbor_task_solves_and_grades_from_the_tools_service(harbor_task, tmp_path: Path) -> None:
+    d, env, service, bin_dir = harbor_task
+    for rel in ("instruction.md", "task.toml", "environment/Dockerfile", "environment/docker-compose.yaml",
+                "environment/tools/Dockerfile", "solution/solve.sh", "tests/test.sh", "tests/gold.json"):
         assert (d / rel).is_file(), rel
-    assert (d / "environment" / "Dockerfile").read_text().startswith("FROM arenaforge-sandbox:test")
+    assert (d / "environment" / "Dockerfile").read_text().startswith("ARG BASE_IMAGE=python:3.11-slim\nFROM ")
     import tomllib
 
     assert tomllib.loads((d / "task.toml").read_text())["metadata"]["id"] == env.id
-    env_dir = d / "environment" / "env"
-    # no calls yet: reward 0
-    logs = tmp_path / "logs-empty"
-    assert _run(d / "tests" / "test.sh", env_dir, logs).returncode == 0
-    assert json.loads((logs / "verifier" / "reward.json").read_text())["reward"] == 0.0
-    # the gold solution: reward 1
-    logs = tmp_path / "logs-gold"
-    solved = _run(d / "solution" / "solve.sh", env_dir, logs)
+    logs = tmp_path / "logs"
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
+    assert _reward(logs)["reward"] == 0.0 and _reward(logs)["authenticated"] == 1  # no calls yet
+    solved = _sh(d / "solution" / "solve.sh", service.url, logs, bin_dir)
     assert solved.returncode == 0, solved.stderr
-    graded = _run(d / "tests" / "test.sh", env_dir, logs)
-    assert graded.returncode == 0, graded.stderr
-    reward = json.loads((logs / "verifier" / "reward.json").read_text())
-    assert reward["reward"] == 1.0 and reward["subtasks"] == len(env.gold_answers)
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
+    reward = _reward(logs)
+    assert reward["reward"] == 1.0 and reward["subtasks"] == len(env.gold_answers) and reward["calls"] == len(env.calls)
     # a distractor call costs precision
-    distractor = env.distractors[0]
-    logs = tmp_path / "logs-extra"
-    _run(d / "solution" / "solve.sh", env_dir, logs)
-    subprocess.run([sys.executable, str(env_dir / "call.py"), distractor, "{}"], env={**os.environ, "ENV_DIR": str(env_dir),
-                   "LOGS_DIR": str(logs)}, capture_output=True, text=True, timeout=30)
-    _run(d / "tests" / "test.sh", env_dir, logs)
-    assert 0 < json.loads((logs / "verifier" / "reward.json").read_text())["reward"] < 1.0
+    extra = subprocess.run([str(bin_dir / "call-tool"), env.distractors[0], "{}"], env={**os.environ,
+                           "TOOLS_URL": service.url}, capture_output=True, text=True, timeout=60)
+    assert extra.stdout.strip()
+    _sh(d / "tests" / "test.sh", service.url, logs, bin_dir)
+    assert 0 < _reward(logs)["reward"] < 1.0
+
+
+def test_harbor_verifier_ignores_a_forged_call_log(harbor_task, tmp_path: Path) -> None:
+    """What the agent can write: a call log in /logs/agent, a fake tools service. Both score 0."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    d, env, service, bin_dir = harbor_task
+    logs = tmp_path / "logs"
+    forged = [{"tool": c.tool, "arguments": json.dumps(c.arguments), "ok": True, "observation": c.answer}
+              for c in env.calls]
+    (logs / "agent").mkdir(parents=True)
+    (logs / "agent" / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in forged))
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
+    assert _reward(logs)["reward"] == 0.0 and _reward(logs)["calls"] == 0  # the file is not the log
+
+    body = json.dumps(forged, sort_keys=True)
+
+    class Fake(BaseHTTPRequestHandler):  # the agent's own "tools" service, signing with a key it made up
+        def do_GET(self):
+            out = json.dumps({"calls_json": body, "mac": hmac.new(b"guess", body.encode(), hashlib.sha256).hexdigest()})
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(out.encode())
+
+        def log_message(self, *args):
+            pass
+
+    fake = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    try:
+        graded = _sh(d / "tests" / "test.sh", f"http://127.0.0.1:{fake.server_port}", logs, bin_dir)
+    finally:
+        fake.shutdown()
+    assert "failed authentication" in graded.stdout
+    assert _reward(logs) == {**_reward(logs), "reward": 0.0, "authenticated": 0, "calls": 0}
+
+
+def test_harbor_agent_container_holds_no_answers_and_forgery_scores_zero(envs, tmp_path: Path) -> None:
+    """The task's two images, built and run with Docker: the agent's container has only call-tool
+    (no tool code, state or gold); its forged log scores 0, the gold calls through the tools service 1."""
+    require_docker()
+    import docker
+
+    from arenaforge.environments.runtime import build_image
+    from arenaforge.environments.runtime.image import rootfs_hash
+
+    client = docker.from_env()
+    cfg = sandbox_cfg()
+    build_image(client, cfg.image)
+    base = f"{cfg.image}-base:{rootfs_hash()}"  # offline stand-in for python:3.11-slim (no registry here)
+    (d,) = write_harbor(envs[:1], tmp_path / "harbor")
+    env = envs[0]
+    tag = f"arenaforge-harbor-test-{os.getpid()}"
+    made: list = []
+    try:
+        for name, context in (("main", d / "environment"), ("tools", d / "environment" / "tools")):
+            client.images.build(path=str(context), tag=f"{tag}-{name}", buildargs={"BASE_IMAGE": base}, rm=True)
+        tools = client.containers.run(f"{tag}-tools", detach=True, network_mode="none")
+        made.append(tools)
+        main = client.containers.run(f"{tag}-main", ["sleep", "3600"], detach=True,
+                                     network_mode=f"container:{tools.id}",
+                                     environment={"TOOLS_URL": "http://127.0.0.1:8000"})
+        made.append(main)
+
+        def run(cmd: str) -> tuple[int, str]:
+            code, out = main.exec_run(["sh", "-c", cmd])
+            return code, out.decode()
+
+        deadline = time.monotonic() + 60
+        while run("python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health')\"")[0]:
+            assert time.monotonic() < deadline, tools.logs().decode()
+            time.sleep(0.2)  # polling the service's health with a deadline
+        code, found = run("find / -xdev \\( -name tools.py -o -name state.json -o -name gold.json "
+                          "-o -name verifier_key -o -name env.json \\) 2>/dev/null; command -v call-tool")
+        assert found.split() == ["/usr/local/bin/call-tool"], f"the agent's container holds {found}"
+        # the agent forges its call log, then Harbor uploads tests/ and runs the verifier
+        forged = "".join(json.dumps({"tool": c.tool, "observation": c.answer, "ok": True}) + "\n" for c in env.calls)
+        run(f"mkdir -p /logs/agent && printf %s {shlex.quote(forged)} > /logs/agent/calls.jsonl")
+        _put(main, d / "tests", "/tests")
+        code, out = run("sh /tests/test.sh")
+        assert code == 0 and json.loads(out.strip().splitlines()[-1])["reward"] == 0.0, out
+        # the oracle: the gold calls, through call-tool and the tools service
+        _put(main, d / "solution", "/solution")
+        code, out = run("sh /solution/solve.sh")
+        assert code == 0, out
+        code, out = run("sh /tests/test.sh && cat /logs/verifier/reward.json")
+        reward = json.loads(out.strip().splitlines()[-1])
+        assert reward["reward"] == 1.0 and reward["authenticated"] == 1, out
+    finally:
+        for container in made:
+            container.remove(force=True)
+        for name in ("main", "tools"):
+            client.images.remove(f"{tag}-{name}", force=True)
+
+
+def _put(container, folder: Path, target: str) -> None:
+    """`docker cp folder container:target` (what Harbor does with tests/ and solution/)."""
+    import io
+    import tarfile
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        tar.add(folder, arcname=target.lstrip("/"))
+    container.put_archive("/", data.getvalue())
 
 
 def test_grade_uses_the_project_reward_source() -> None:

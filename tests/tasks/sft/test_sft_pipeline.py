@@ -145,6 +145,21 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     assert row["messages"][0]["role"] == "system" and json.loads(row["tools"])[0]["type"] == "function"
     call = next(m for m in row["messages"] if m["tool_calls"])["tool_calls"][0]
     assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    # the JSONL is OpenAI chat-with-tools: tools a list of tool objects, messages without null keys
+    first = json.loads(Path(report["jsonl"]).read_text().splitlines()[0])
+    assert list(first)[:2] == ["messages", "tools"] and first["tools"][0]["type"] == "function"
+    assert all(isinstance(t["function"]["parameters"], dict) for t in first["tools"])
+    assert all(None not in m.values() and isinstance(m["content"], str) for m in first["messages"])
+    tool_turn = next(m for m in first["messages"] if m["role"] == "tool")
+    assert set(tool_turn) <= {"role", "content", "tool_call_id", "name"} and tool_turn["tool_call_id"]
+    assert "tool_call_id" not in first["messages"][1] and "tool_calls" not in first["messages"][1]
+    from transformers import AutoTokenizer
+
+    from arenaforge.tasks.train.tiny_model import ensure_tiny_model
+
+    text = AutoTokenizer.from_pretrained(ensure_tiny_model()).apply_chat_template(
+        first["messages"], tools=first["tools"], tokenize=False)
+    assert first["tools"][0]["function"]["name"] in text and tool_turn["content"] in text
     assert json.loads(Path(report["report"]).read_text())["samples"] == report["samples"]
 
 

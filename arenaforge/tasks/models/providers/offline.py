@@ -61,6 +61,7 @@ class OfflineModel:
     """ChatModel whose answers come from the registered deterministic generators."""
 
     kind = NAME
+    decides_by = "rules"
 
     def __init__(self, name: str = "offline") -> None:
         self.name = name
@@ -85,7 +86,7 @@ class OfflineModel:
 
 
 @contextlib.asynccontextmanager
-async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None  # noqa: A001
+async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
                ) -> AsyncIterator[OfflineModel]:
     model = OfflineModel()
     try:

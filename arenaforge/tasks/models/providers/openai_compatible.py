@@ -19,7 +19,8 @@ when the endpoint refuses it, `json_object` with the schema in the prompt; when 
 the schema in the prompt only and the answer parsed from the text with repair (fences, prose around
 it, trailing commas). An answer that breaks the schema is re-asked at most `max_reasks` times with
 the validation error, then the step gets a `ParseError`. Messages always carry `content`; a step's
-`tool_choice` is sent with its tools.
+`tool_choice` is sent with its tools. Tool calls are native until the endpoint refuses them; then
+the tools go into the prompt (`tasks/models/prompted_tools.py`), also remembered per endpoint.
 
 Accounting: every request has a `llm_calls` row with its cost class: `sent` (tokens spent), `cached`
 (answered from the warehouse cache, no tokens spent) or `failed` (its error kind; tokens spent on
@@ -52,6 +53,7 @@ from arenaforge.schemas.errors import (
     ProviderUnreachable,
 )
 from arenaforge.schemas.models import ChatMessage, Usage
+from arenaforge.tasks.models import prompted_tools
 from arenaforge.tasks.models.base import ChatRequest, ChatResponse
 from arenaforge.tasks.models.cache import ResponseCache, UsageLedger
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
@@ -66,8 +68,14 @@ _SCHEMA_NAME = re.compile(r"[^A-Za-z0-9_-]")  # what OpenAI accepts in a json_sc
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 # Words an endpoint uses when it refuses a response_format it does not support.
-_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|schema|grammar|not supported|unsupported",
-                             re.IGNORECASE)
+_FORMAT_REFUSAL = re.compile(r"response_format|json_schema|json_object|grammar", re.IGNORECASE)
+# ... and when it cannot call tools (vLLM without --enable-auto-tool-choice --tool-call-parser).
+_TOOLS_REFUSAL = re.compile(r"tool.choice|tool-call-parser|tools? param|tools? (?:are |is )?not supported|"
+                            r"does not support tools", re.IGNORECASE)
+# ... and a sampling parameter it does not take (OpenAI's reasoning models: max_completion_tokens, temperature 1).
+_PARAM_RENAMED = re.compile(r"Unsupported parameter: '(\w+)'.*?Use '(\w+)' instead", re.IGNORECASE)
+_PARAM_REFUSED = re.compile(r"Unsupported (?:parameter|value): '(\w+)'", re.IGNORECASE)
+_OPTIONAL_PARAMS = frozenset({"temperature", "seed", "max_tokens"})  # a request still means the same without them
 MODES = ("json_schema", "json_object", "prompt")
 
 _REQUEST_COUNTER = itertools.count()
@@ -109,6 +117,10 @@ class _HTTPStatusError(Exception):
         super().__init__(f"HTTP {status}: {self.detail}")
 
 
+class _ToolsRefused(Exception):
+    """The endpoint cannot take native tool calls."""
+
+
 class _Transient(Exception):
     """A timeout, a broken connection or a truncated body: worth another try."""
 
@@ -134,6 +146,7 @@ class OpenAICompatibleModel:
     """
 
     kind = NAME
+    decides_by = "model"
 
     def __init__(self, cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None) -> None:
         if not cfg.base_url:
@@ -144,6 +157,9 @@ class OpenAICompatibleModel:
         self.cache = ResponseCache(wh, cfg.model) if (wh is not None and cfg.cache) else None
         self.ledger = UsageLedger(wh, run_id) if wh is not None else None
         self.mode = "json_schema" if cfg.structured_output == "auto" else cfg.structured_output
+        self.tool_mode = "prompt" if cfg.tool_calling == "prompt" else "native"
+        self._renamed: dict[str, str] = {}  # parameter -> the name this endpoint takes instead
+        self._dropped: set[str] = set()  # optional parameters this endpoint refuses
         self._url = cfg.base_url.rstrip("/") + "/chat/completions"
         self._http: aiohttp.ClientSession | None = None
         self._limiter: AdaptiveLimiter | None = None
@@ -235,6 +251,31 @@ class OpenAICompatibleModel:
                                error=err)
 
     async def _complete_uncached(self, request: ChatRequest) -> ChatResponse:
+        if request.tools and self.tool_mode == "native":
+            try:
+                return await self._complete_turns(request)
+            except _ToolsRefused as err:
+                if self.cfg.tool_calling != "auto":
+                    raise ProviderRefused(f"{self.cfg.base_url} refused tool calls ({_short(err)})") from None
+                if self.tool_mode == "native":
+                    self.tool_mode = "prompt"
+                    log.warning("%s refused native tool calls (%s); tools go into the prompt from now on",
+                                self.cfg.base_url, _short(err))
+        if request.tools:
+            return await self._complete_prompted_tools(request)
+        return await self._complete_turns(request)
+
+    async def _complete_prompted_tools(self, request: ChatRequest) -> ChatResponse:
+        """A tool turn for an endpoint without tool calls: tools in the prompt, the turn as validated JSON."""
+        assert request.tools is not None
+        prompted = request.model_copy(update={
+            "messages": prompted_tools.render(request.messages, request.tools, request.tool_choice),
+            "tools": None, "tool_choice": None,
+            "response_schema": prompted_tools.turn_schema(request.tools, request.tool_choice)})
+        response = await self._complete_turns(prompted)
+        return response.model_copy(update={"message": prompted_tools.to_message(response.parsed, len(request.messages)), "parsed": None})
+
+    async def _complete_turns(self, request: ChatRequest) -> ChatResponse:
         messages = list(request.messages)
         attempts_total = 0
         usage = Usage()
@@ -254,10 +295,12 @@ class OpenAICompatibleModel:
                 return ChatResponse(message=message, parsed=parsed, usage=usage, attempts=attempts_total, reasks=reask,
                                     wasted_tokens=wasted)
             wasted += turn.total_tokens
+            # the schema goes with the re-ask: a server that ignores response_format (transformers serve does) still
+            # tells the model what to write
             messages = messages + [
                 {"role": "assistant", "content": message.content or ""},
-                {"role": "user", "content": f"Your answer was invalid: {problem}. "
-                 "Reply again with only a JSON value that satisfies the schema."},
+                {"role": "user", "content": f"Your answer was invalid: {problem}. Reply again with only a JSON value "
+                 f"that satisfies this JSON Schema: {json.dumps(request.response_schema, ensure_ascii=False)}"},
             ]
         err = ParseError(f"{request.step}: answer from {self.name} still invalid after {self.cfg.max_reasks} re-asks: "
                          f"{problem}")
@@ -286,7 +329,13 @@ class OpenAICompatibleModel:
         }
         if request.tools:
             params["tools"] = request.tools
-            params["tool_choice"] = request.tool_choice or "auto"
+            if request.tool_choice is not None:  # only when the step needs it: vLLM refuses "auto" unless configured
+                params["tool_choice"] = request.tool_choice
+        for name in self._dropped:
+            params.pop(name, None)
+        for old, new in self._renamed.items():
+            if old in params:
+                params[new] = params.pop(old)
         schema = request.response_schema
         if schema is not None:
             if self.mode == "json_schema":
@@ -294,9 +343,10 @@ class OpenAICompatibleModel:
                                              "json_schema": {"name": _SCHEMA_NAME.sub("_", request.step)[:64],
                                                              "schema": schema}}
             else:  # the schema goes into the prompt; json_object still asks for JSON where it is supported
-                hint = ("Answer with a single JSON value that satisfies this JSON Schema, and nothing else:\n"
+                # "json" in lower case: OpenAI's json_object mode wants the word in the messages
+                hint = ("Answer in json: a single JSON value that satisfies this JSON Schema, and nothing else:\n"
                         + json.dumps(schema, ensure_ascii=False))
-                params["messages"] = wire + [{"role": "system", "content": hint}]
+                params["messages"] = prompted_tools.add_instruction(wire, hint)
                 if self.mode == "json_object":
                     params["response_format"] = {"type": "json_object"}
         return params
@@ -319,8 +369,13 @@ class OpenAICompatibleModel:
                 self._failures_in_a_row = 0
                 return raw, attempt + 1
             except _HTTPStatusError as err:
-                if err.status == 400 and request.response_schema is not None and self._downgrade(mode, err):
+                # servers refuse an unsupported response_format with 400, 422 (llama-cpp-python) or even 500 (llama.cpp)
+                if err.status in (400, 422, 500) and request.response_schema is not None and self._downgrade(mode, err):
                     continue  # negotiated a structured-output mode this endpoint accepts: send again at once
+                if err.status in (400, 422, 500) and request.tools and _TOOLS_REFUSAL.search(err.detail):
+                    raise _ToolsRefused(err.detail) from None
+                if err.status == 400 and self._adapt_params(err):
+                    continue
                 if err.status not in _RETRY_STATUS:
                     raise _typed(err, self.cfg.base_url) from None
                 if err.status == 429:
@@ -342,6 +397,18 @@ class OpenAICompatibleModel:
             await asyncio.sleep(pause)
             attempt += 1
         raise _typed(last, self.cfg.base_url, attempts=attempt + 1) from None
+
+    def _adapt_params(self, err: _HTTPStatusError) -> bool:
+        """Rename or leave out a parameter the endpoint refused (remembered); whether anything changed."""
+        renamed = _PARAM_RENAMED.search(err.detail)
+        if renamed and renamed[1] not in self._renamed:
+            self._renamed[renamed[1]] = renamed[2]
+        elif (refused := _PARAM_REFUSED.search(err.detail)) and refused[1] in _OPTIONAL_PARAMS - self._dropped:
+            self._dropped.add(refused[1])
+        else:
+            return False
+        log.warning("%s: %s; adapted from now on", self.cfg.base_url, _short(err))
+        return True
 
     def _check_alive(self) -> None:
         if time.monotonic() < self._dead_until:
@@ -369,7 +436,7 @@ class OpenAICompatibleModel:
                 payload = await resp.read()
                 if resp.status >= 400:
                     raise _HTTPStatusError(resp.status, payload, resp.headers.get("retry-after"))
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientConnectionError) as err:
             raise _Transient(f"{type(err).__name__}: {err}" if str(err) else type(err).__name__) from None
         except aiohttp.ClientPayloadError as err:
             raise _Transient(f"truncated body ({err})", unreachable=False) from None
@@ -440,7 +507,7 @@ def _add(total: Usage, more: Usage) -> Usage:
 
 
 @contextlib.asynccontextmanager
-async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None  # noqa: A001
+async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
                ) -> AsyncIterator[OpenAICompatibleModel]:
     """The endpoint's model with its warehouse response cache and usage ledger, flushed and closed on exit."""
     model = OpenAICompatibleModel(cfg, wh, run_id)

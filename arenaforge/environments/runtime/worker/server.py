@@ -1,0 +1,270 @@
+"""The worker's event loop: requests from the pool on stdin, replies on stdout, one zygote per template.
+
+What it owns: reading and answering the pool's ops (hello, ping, load, unload, open, call, close),
+starting a zygote for each environment version it is asked to load and routing its messages. The
+life of each session (spawn, queue, deadlines, death) is `sessions.SessionServer`, which `Server`
+extends; the wire format is `protocol`, confinement `policy`, tool code `execution`.
+"""
+
+import json
+import os
+import selectors
+import signal
+import sys
+
+from . import execution, policy, zygote
+from .protocol import MAX_HEADER, Reader, encode
+from .sessions import Session, SessionServer
+
+LIMITS = {
+    "memory_mb": 512,  # RLIMIT_AS per session process
+    "pids": 64,  # RLIMIT_NPROC per session uid
+    "cpu_s": 60,  # RLIMIT_CPU per session process
+    "output_limit": 65536,  # bytes of output / error text per call
+    "message_limit": 4 << 20,  # bytes of arguments per call
+    "open_timeout_s": 10.0,
+    "scratch_root": "/tmp",
+    "scratch_mb": 64,  # size of each session's private /tmp and /dev/shm
+    "uid_base": 0,  # 0: do not switch uid
+    "uid_slots": 4096,
+    "unshare_net": False,
+    "hide_paths": [],
+    "namespaces": False,  # set by the hello probe: private mounts/IPC/network per session work here
+    "seccomp": False,
+    "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
+}
+
+
+class Server(SessionServer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.limits = dict(LIMITS)
+        self.info_extra: dict = {"net_isolated": False, "namespaces": False, "seccomp": False}
+        self.reader = Reader(1 << 31)
+        self.outq: list[bytes] = []
+
+    # ---------------------------------------------------------------- loop and plumbing
+    def run(self) -> None:
+        os.set_blocking(0, False)
+        self.sel.register(0, selectors.EVENT_READ, None)
+        while True:
+            for key, events in self.sel.select(self._next_timeout()):
+                if key.data is None:
+                    self._read_stdin()
+                elif key.data[0] == "t":
+                    self._read_zygote(key.data[1])
+                elif events & selectors.EVENT_WRITE:
+                    self._write_child(key.data[1])
+                else:
+                    self._read_child(key.data[1])
+            self._reap()
+            self._expire()
+            self._flush()
+
+    def reply(self, msg: dict) -> None:
+        if msg.get("id") is not None:
+            self.outq.append(encode(msg))
+
+    def _flush(self) -> None:
+        """Replies of one loop turn leave in one write."""
+        if self.outq:
+            view, self.outq = memoryview(b"".join(self.outq)), []
+            while view:
+                view = view[os.write(1, view):]
+
+    def forget(self) -> None:
+        """In a fresh zygote: drop every reference to other templates' and sessions' data."""
+        self.sel.close()
+        self.sessions.clear()
+        self.by_pid.clear()
+        self.templates.clear()
+        self.spawning.clear()
+        self.reader = Reader(0)
+        self.outq = []
+
+    def _read_stdin(self) -> None:
+        try:
+            chunk = os.read(0, 1 << 20)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self._shutdown()
+        for head, body in self.reader.feed(chunk):
+            self._handle(head, body)
+
+    def _handle(self, req: dict, body: bytes) -> None:
+        op, rid = req.get("op"), req.get("id")
+        if op == "call":
+            sess = self.sessions.get(req.get("sid"))
+            if sess is None:
+                self.reply({"id": rid, "failure": "state_lost", "error": "the worker has no such session"})
+            else:
+                sess.queue.append((req, body))
+                self._pump(sess)
+        elif op == "open":
+            self._open(req)
+        elif op == "close":
+            sess = self.sessions.pop(req.get("sid"), None)
+            if sess is not None:
+                self._kill(sess)
+                for queued in ([sess.pending] if sess.pending else []) + [q for q, _ in sess.queue]:
+                    self.reply({"id": queued.get("id"), "outcome": "error", "output": "", "error": "the session was closed"})
+            self.reply({"id": rid, "ok": True})
+        elif op == "load":
+            self._load(req, body)
+        elif op == "unload":
+            template = self.templates.pop(req.get("key"), None)
+            if template is not None:
+                if template["spare"] is not None:
+                    self._drop(template["spare"])
+                self.sel.unregister(template["ctl"])
+                template["ctl"].close()  # the zygote exits once its last session is gone
+            self.reply({"id": rid, "ok": True})
+        elif op == "hello":
+            self.limits.update(req.get("limits") or {})
+            if self.limits["unshare_net"]:
+                self.info_extra["net_isolated"] = policy.unshare_net(self.is_root)
+            self.info_extra.update(policy.probe(self.limits))
+            self.limits.update({k: self.info_extra[k] for k in ("namespaces", "seccomp")})
+            self.reply({"id": rid, "ok": True, "info": self._info()})
+        elif op == "ping":
+            self.reply({"id": rid, "ok": True, "info": self._info()})
+        else:
+            self.reply({"id": rid, "ok": False, "error": f"unknown op {op!r}"})
+
+    def _info(self) -> dict:
+        sessions = sum(not s.spare for s in self.sessions.values())
+        return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "templates": len(self.templates),
+                "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
+                **self.info_extra}
+
+    # ---------------------------------------------------------------- templates and opens
+    def _load(self, req: dict, body: bytes) -> None:
+        key = req["key"]
+        template = self.templates.get(key)
+        if template is None:
+            pid, ctl = zygote.start(body, self.limits, self.forget)
+            template = self.templates[key] = {"key": key, "pid": pid, "ctl": ctl, "ready": False, "waiting": [],
+                                              "opens": 0, "spare": None}
+            self.sel.register(ctl, selectors.EVENT_READ, ("t", template))
+        if template["ready"]:
+            self.reply({"id": req["id"], "ok": True})
+        else:
+            template["waiting"].append(req["id"])
+
+    def _read_zygote(self, template: dict) -> None:
+        try:
+            data = template["ctl"].recv(MAX_HEADER)
+        except OSError:
+            data = b""
+        if not data:  # the zygote died: its template is gone (its sessions die with it)
+            if self.templates.get(template["key"]) is template:
+                del self.templates[template["key"]]
+            self.sel.unregister(template["ctl"])
+            template["ctl"].close()
+            for rid in template["waiting"]:
+                self.reply({"id": rid, "ok": False, "failure": "spawn", "error": "the template's zygote died"})
+            for serial, sess in list(self.spawning.items()):
+                if sess.key == template["key"]:
+                    del self.spawning[serial]
+            return
+        msg = json.loads(data)
+        if "ready" in msg:
+            template["ready"] = msg["ready"]
+            for rid in template.pop("waiting"):
+                self.reply({"id": rid, "ok": msg["ready"], "error": msg.get("error"), "rss_kb": msg.get("rss_kb")})
+            template["waiting"] = []
+        elif "exit" in msg:
+            self._exited(msg["exit"], msg["status"])
+        else:
+            sess = self.spawning.pop(msg.get("serial"), None)
+            if sess is None or self.sessions.get(sess.sid) is not sess or sess.spawn != msg.get("serial"):
+                # closed (or forked again) meanwhile: make sure that process is gone
+                if msg.get("pid"):
+                    policy.kill_group(msg["pid"])
+                if msg.get("uid"):
+                    self.uids_used.add(msg["uid"])
+                    self.helpers[policy.kill_uid(msg["uid"], None)] = msg["uid"]
+                return
+            if "pid" in msg:
+                sess.pid = msg["pid"]
+                self.by_pid[sess.pid] = sess
+            else:
+                self._kill(sess)
+                self._finish(sess, "spawn", msg.get("error") or "the session could not be forked")
+
+    def _open(self, req: dict) -> None:
+        sid, key = req["sid"], req["key"]
+        template = self.templates.get(key)
+        if sid in self.sessions:
+            self.reply({"id": req["id"], "ok": False, "failure": "spawn", "error": "the session exists"})
+        elif template is None or not template["ready"]:
+            self.reply({"id": req["id"], "ok": False, "missing": True, "error": "the template is not loaded"})
+        else:
+            spare, template["spare"] = template["spare"], None
+            if spare is not None and spare.sock is not None and not spare.lost and not spare.queue:
+                del self.sessions[spare.sid]  # the open is a hand-over: answered now, or when the spare is ready
+                spare.sid, spare.spare = sid, False
+                self.sessions[sid] = spare
+                if spare.pending is None:
+                    self.reply({"id": req["id"], "ok": True})
+                else:
+                    spare.pending["id"] = req["id"]
+            else:
+                if spare is not None:
+                    self._drop(spare)
+                sess = self.sessions[sid] = Session(sid, key)
+                sess.queue.append(({"id": req["id"], "op": "open"}, b""))
+                self._pump(sess)
+            template["opens"] += 1
+            if template["opens"] >= 2:  # a version opened again will be again: have the next one ready
+                self._prepare_spare(template)
+
+    def _prepare_spare(self, template: dict) -> None:
+        """Fork, confine and load one session ahead of its open (it gets a real id when one comes)."""
+        sess = Session(f"~spare-{next(self.serials)}", template["key"])
+        sess.spare = True
+        self.sessions[sess.sid] = template["spare"] = sess
+        sess.queue.append(({"id": None, "op": "open"}, b""))
+        self._pump(sess)
+
+    def _drop(self, sess: Session) -> None:
+        if self.sessions.get(sess.sid) is sess:
+            del self.sessions[sess.sid]
+        self._kill(sess)
+
+    def _reap(self) -> None:
+        """Kill helpers, zygotes, and session processes orphaned by a zygote's death."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.helpers:
+                self.uids_used.discard(self.helpers.pop(pid))
+            else:
+                self._exited(pid, status)
+
+    def _shutdown(self) -> None:
+        self._flush()
+        for sess in list(self.sessions.values()):
+            self._kill(sess)
+        os._exit(0)
+
+
+def main() -> None:
+    if "--once" in sys.argv:
+        execution.run_once()
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).prctl(policy.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the pool
+    except (OSError, AttributeError):
+        pass
+    policy.own_pid_namespace()
+    policy.become_subreaper()
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    Server().run()

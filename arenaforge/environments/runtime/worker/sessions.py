@@ -1,0 +1,325 @@
+"""The life of one session inside the worker: spawn, requests one at a time, deadlines, death, teardown.
+
+Deadlines are measured in the tool's own time (`deadlines.RequestClock`): a late reply is a `timeout`
+(the tool's fault) or `overloaded` (the sandbox's).
+
+`SessionServer` is the part of the worker's `Server` that owns this; the server owns the event loop,
+the pool's requests and the templates.
+"""
+
+import heapq
+import itertools
+import json
+import os
+import random
+import selectors
+import shutil
+import socket
+import time
+
+from . import policy
+from .deadlines import RequestClock
+from .protocol import encode, session_reply
+
+DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
+
+
+class Session:
+    __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
+                 "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching")
+
+    def __init__(self, sid: str, key: str) -> None:
+        self.sid, self.key = sid, key
+        self.uid, self.scratch, self.pid = 0, "", 0
+        self.sock: socket.socket | None = None
+        self.rbuf, self.wbuf = b"", b""
+        self.pending: dict | None = None  # the request in flight: an open (id None: an implicit re-open) or a call
+        self.queue: list[tuple[dict, bytes]] = []
+        self.lost = ""  # why the process died between calls: the next call fails state_lost
+        self.nonce = self.serial = self.spawn = 0  # spawn: which fork the zygote's messages are about
+        self.deadline = 0.0
+        self.clock: RequestClock | None = None
+        self.isolated = self.dying = self.watching = False
+        self.spare = False  # forked ahead of an open (server._prepare_spare)
+        self.status: int | None = None
+
+
+class SessionServer:
+    """Sessions and their deadlines; the worker's `Server` adds the loop, the pool's ops and the templates."""
+
+    def __init__(self) -> None:
+        self.limits: dict = {}
+        self.sel = selectors.DefaultSelector()
+        self.sessions: dict[str, Session] = {}
+        self.templates: dict[str, dict] = {}  # key -> {"pid", "ctl", "ready", "waiting": [rid], "opens", "spare"}
+        self.spawning: dict[int, Session] = {}  # spawn serial -> session, until the zygote says which pid
+        self.by_pid: dict[int, Session] = {}
+        self.helpers: dict[int, int] = {}  # kill-helper pid -> the uid it sweeps (reserved until it is done)
+        self.uids_used: set[int] = set()
+        self.is_root = os.geteuid() == 0
+        self.deadlines: list[tuple] = []
+        self.ticks = itertools.count()
+        self.serials = itertools.count(1)
+
+    def reply(self, msg: dict) -> None:
+        raise NotImplementedError
+
+    def _alloc_uid(self) -> int:
+        if not (self.is_root and self.limits["uid_base"]):
+            return 0
+        base, slots = int(self.limits["uid_base"]), int(self.limits["uid_slots"])
+        for _ in range(4 * slots):
+            uid = base + random.randrange(slots)  # not sequential: no session can tell which uid comes next
+            if uid not in self.uids_used:
+                self.uids_used.add(uid)
+                return uid
+        raise RuntimeError("no free session uid")
+
+    def _spawn(self, sess: Session, req: dict) -> None:
+        template = self.templates.get(sess.key)
+        if template is None or not template["ready"]:
+            self._finish(sess, "state_lost", "the environment's template was unloaded", req)
+            return
+        try:
+            sess.uid = self._alloc_uid()
+        except RuntimeError as err:
+            self._finish(sess, "spawn", str(err), req)
+            return
+        sess.scratch = os.path.join(self.limits["scratch_root"], os.urandom(16).hex())
+        sess.spawn, sess.nonce = next(self.serials), _nonce()
+        ours, theirs = socket.socketpair()
+        spec = {"sid": sess.sid, "uid": sess.uid, "scratch": sess.scratch, "nonce": sess.nonce, "serial": sess.spawn}
+        self.spawning[sess.spawn] = sess
+        try:
+            socket.send_fds(template["ctl"], [encode(spec)], [theirs.fileno()])
+        except OSError as err:
+            ours.close()
+            del self.spawning[sess.spawn]
+            self.uids_used.discard(sess.uid)
+            self._finish(sess, "spawn", f"the template's zygote is gone: {err}", req)
+            return
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        sess.sock, sess.rbuf, sess.wbuf, sess.status = ours, b"", b"", None
+        sess.isolated = sess.dying = sess.watching = False
+        self.sel.register(ours, selectors.EVENT_READ, ("s", sess))
+        self._arm(sess, req, float(self.limits["open_timeout_s"]))
+
+    def _pump(self, sess: Session) -> None:
+        """Start the session's next queued request if none is in flight."""
+        if sess.pending is not None or not sess.queue or self.sessions.get(sess.sid) is not sess:
+            return
+        if sess.sock is None:
+            req, body = sess.queue[0]
+            if sess.lost and req.get("op") == "call":
+                sess.queue.pop(0)
+                self.reply({"id": req["id"], "failure": "state_lost", "error": sess.lost})
+                sess.lost = ""
+                self._pump(sess)
+                return
+            if req.get("op") == "open":
+                sess.queue.pop(0)
+            else:
+                req = {"id": None, "op": "open"}  # an implicit re-open after the tool's own crash or timeout
+            self._spawn(sess, req)
+            return
+        req, body = sess.queue.pop(0)
+        sess.nonce = _nonce()
+        self._arm(sess, req, float(req.get("timeout") or 5.0))
+        tool = json.dumps(str(req.get("tool"))).encode()  # ASCII-escaped: whatever the caller named, it encodes
+        self._send_child(sess, b'{"nonce":%d,"tool":%s,"args":%s}\n' % (sess.nonce, tool, body or b"{}"))
+
+    def _send_child(self, sess: Session, data: bytes) -> None:
+        sess.wbuf += data
+        self._write_child(sess)
+
+    def _write_child(self, sess: Session) -> None:
+        """Arguments of any size go out as the session reads them, never blocking the loop."""
+        if sess.sock is None:
+            return
+        try:
+            sent = sess.sock.send(sess.wbuf) if sess.wbuf else 0
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._channel_closed(sess)
+            return
+        sess.wbuf = sess.wbuf[sent:]
+        if bool(sess.wbuf) != sess.watching:  # watch for room only while bytes wait
+            sess.watching = bool(sess.wbuf)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if sess.watching else 0)
+            self.sel.modify(sess.sock, events, ("s", sess))
+
+    def _read_child(self, sess: Session) -> None:
+        if sess.sock is None:
+            return
+        try:
+            chunk = sess.sock.recv(1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._channel_closed(sess)
+            return
+        sess.rbuf += chunk
+        limit = int(self.limits["output_limit"])
+        while b"\n" in sess.rbuf and sess.sock is not None:
+            line, sess.rbuf = sess.rbuf.split(b"\n", 1)
+            if not sess.isolated:  # the first message comes before any tool code ran: it is trusted
+                self._isolated(sess, line)
+                continue
+            msg = session_reply(line, sess.nonce, limit) if sess.pending is not None else None
+            if msg is not None:
+                self._answered(sess, msg)
+        if sess.sock is not None and len(sess.rbuf) > 20 * limit + (1 << 20):
+            # an honest reply is bounded by the output limit: this is tool code writing into the channel
+            self._tool_fault(sess, "the session process flooded its reply channel", "limit")
+
+    def _isolated(self, sess: Session, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            msg = {}
+        if msg.get("isolated") is True and msg.get("nonce") == sess.nonce:
+            sess.isolated = True
+        else:
+            self._kill(sess)
+            self._finish(sess, "isolation", f"the session could not be isolated: {msg.get('error') or 'no report'}")
+
+    def _answered(self, sess: Session, msg: dict) -> None:
+        req, sess.pending = sess.pending, None
+        assert req is not None
+        if req["op"] != "open":
+            if "outcome" in msg:
+                self.reply({"id": req["id"], **msg})
+            else:
+                sess.pending = req  # a readiness message during a call: not an answer
+                return
+        elif "ready" not in msg:
+            sess.pending = req
+            return
+        elif msg["ready"]:
+            self.reply({"id": req["id"], "ok": True})
+        else:
+            self._kill(sess)
+            self._finish(sess, None, msg.get("error") or "the tool code failed to load", req)
+            return
+        self._pump(sess)
+
+    def _channel_closed(self, sess: Session) -> None:
+        """The channel closed: wait briefly for the exit status that says why."""
+        if sess.status is not None:
+            self._died(sess)
+        elif not sess.dying:
+            sess.dying = True
+            sess.deadline = time.monotonic() + DEATH_GRACE_S
+            heapq.heappush(self.deadlines, (sess.deadline, next(self.ticks), sess.serial, sess))
+
+    def _exited(self, pid: int, status: int) -> None:
+        sess = self.by_pid.pop(pid, None)
+        if sess is not None and sess.pid == pid:
+            sess.status = status
+            self._died(sess)
+
+    def _died(self, sess: Session) -> None:
+        why = policy.describe_exit(sess.status, self.limits)
+        req = sess.pending
+        self._kill(sess)
+        if req is None:
+            sess.lost = f"{why}; the session's state was lost"
+            self._pump(sess)
+        elif req["op"] == "open":
+            self._finish(sess, None, f"the tool code's process died while loading: {why}", req)
+        else:
+            self._tool_fault(sess, why, "limit")
+
+    def _tool_fault(self, sess: Session, why: str, outcome: str) -> None:
+        """The tool crashed, flooded or ran out of time: its call fails, the session restarts."""
+        req, sess.pending = sess.pending, None
+        self._kill(sess)
+        if req is not None:
+            error = f"{why}; the session restarts from its initial state"
+            self.reply({"id": req["id"], "outcome": outcome, "output": "", "error": error, "truncated": False})
+        self._pump(sess)
+
+    def _finish(self, sess: Session, failure: str | None, error: str, req: dict | None = None) -> None:
+        """Fail the pending open (or `req`) and what queued behind it; the session has no process."""
+        req = req or sess.pending
+        sess.pending = None
+        failed = [req] if req is not None else []
+        failed += [q for q, _ in sess.queue]
+        sess.queue.clear()
+        for r in failed:
+            if r.get("op") == "open" and failure is None:
+                self.reply({"id": r["id"], "ok": False, "error": error})
+            elif failure is None:  # an implicit re-open failed: the calls waiting on it see the load error
+                self.reply({"id": r["id"], "outcome": "error", "output": "", "error": error, "truncated": False})
+            else:
+                self.reply({"id": r["id"], "ok": False, "failure": failure, "error": error})
+
+    def _arm(self, sess: Session, req: dict, budget: float) -> None:
+        sess.pending, sess.serial = req, next(self.serials)
+        sess.clock = RequestClock(budget, time.monotonic())
+        self._check_at(sess, sess.clock.first_check())
+
+    def _check_at(self, sess: Session, when: float) -> None:
+        sess.deadline = when
+        heapq.heappush(self.deadlines, (when, next(self.ticks), sess.serial, sess))
+
+    def _stale(self, entry: tuple) -> bool:
+        deadline, _, serial, sess = entry
+        return (sess.pending is None and not sess.dying) or sess.serial != serial or sess.deadline != deadline \
+            or self.sessions.get(sess.sid) is not sess
+
+    def _next_timeout(self) -> float:
+        while self.deadlines and self._stale(self.deadlines[0]):
+            heapq.heappop(self.deadlines)
+        return max(0.0, min(self.deadlines[0][0] - time.monotonic(), 1.0)) if self.deadlines else 1.0
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self.deadlines and self.deadlines[0][0] <= now:
+            entry = heapq.heappop(self.deadlines)
+            if self._stale(entry):
+                continue
+            sess = entry[3]
+            if sess.dying:
+                self._died(sess)
+                continue
+            clock, stretch = sess.clock, float(self.limits["load_stretch"])
+            clock.sample(sess.pid, now)
+            verdict = clock.verdict(now, stretch)
+            if verdict is None:
+                self._check_at(sess, clock.next_check(now, stretch))
+            elif verdict == "overloaded":
+                self._kill(sess)
+                self._finish(sess, "overloaded", f"the sandbox is overloaded: the session got {clock.ran:.2f} s of CPU "
+                             f"in {now - clock.started:.1f} s; its state is discarded")
+            elif sess.pending["op"] == "open":
+                self._kill(sess)
+                self._finish(sess, None, f"TimeoutError: loading the tool code took more than {clock.budget:g} s")
+            else:
+                self._tool_fault(sess, f"the call exceeded its {clock.budget:g} s time limit", "timeout")
+
+    def _kill(self, sess: Session) -> None:
+        """Kill every process of the session and forget its channel (its state is gone)."""
+        if sess.sock is not None:
+            self.sel.unregister(sess.sock)
+            sess.sock.close()
+            sess.sock = None
+        pid, sess.pid, sess.dying = sess.pid, 0, False
+        self.by_pid.pop(pid, None)
+        fallback_scratch = None if self.limits["namespaces"] else sess.scratch
+        if sess.uid:
+            self.helpers[policy.kill_uid(sess.uid, fallback_scratch)] = sess.uid  # the uid is free once it finished
+            sess.uid = 0
+        elif pid:
+            policy.kill_group(pid)
+            if fallback_scratch:
+                shutil.rmtree(fallback_scratch, ignore_errors=True)
+
+
+def _nonce() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 2  # unguessable by the tool: a fresh one per request

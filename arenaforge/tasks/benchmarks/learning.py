@@ -1,0 +1,187 @@
+"""`arenaforge bench learning`: does a policy trained on Arenaforge data get better on held-out environments?
+
+One command, one run, fixed seeds, offline:
+  1. data: the bundled sample tools -> kept SFT-track trajectories; the sample knowledge source -> `n`
+     verified environments; the stored split (near-duplicate groups stratified by source/structure);
+  2. the default policy untrained, after the warm start (SFT on gold-call replays of the train split +
+     kept trajectories), and after GRPO started from that same warm-start checkpoint, each evaluated
+     greedily on the test split (the `train-grpo` job, exactly what `arenaforge train grpo` runs);
+  3. the same three checkpoints on BFCL single-turn (simple, multiple, parallel), when its data is found.
+
+Reports test F1 per stage with a 95% bootstrap interval over test environments, the GRPO - warm start
+difference with a paired interval, per-step curves, wall-clock per phase and tokens/s.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from arenaforge.schemas.config import load_config
+from arenaforge.schemas.kinds_training import TrainStep
+from arenaforge.schemas.models import Rollout
+from arenaforge.tasks.train.jobs import RECIPE
+from arenaforge.warehouse import Warehouse
+
+BOOTSTRAP = 2000
+
+
+def bootstrap_ci(values: list[float], seed: int = 0, resamples: int = BOOTSTRAP) -> list[float]:
+    """95% percentile interval of the mean of `values`."""
+    if not values:
+        return [0.0, 0.0]
+    rng = random.Random(seed)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return [round(means[int(0.025 * resamples)], 4), round(means[int(0.975 * resamples) - 1], 4)]
+
+
+def _episode_f1(wh: Warehouse, eval_run_id: str) -> dict[str, float]:
+    rollouts = wh.load(Rollout, where="run_id = ?", params=[eval_run_id])
+    return {r.env_id: r.reward.f1 for r in rollouts if r.status != "env_failure"}
+
+
+async def _synthesize(cfg: Any, wh: Warehouse, n: int, seed: int) -> dict[str, Any]:
+    """Offline SFT-track trajectories and RL environments from the bundled sample data."""
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.tasks.sft import stages
+
+    data = resources.files("arenaforge.tasks.data")
+    started = time.perf_counter()
+    async with open_run_scope(cfg, wh, "bench-learning") as run:
+        await stages.ingest(run, [str(data.joinpath("sample_tools"))])
+        await stages.build_graphs(run)
+        chains, _ = await stages.sample_chains(run, seed=seed)
+        tasks, _ = await stages.synthesize_tasks(run, chains, seed=seed)
+        trajectories, _ = await stages.run_trajectories(run, tasks, seed=seed)
+        kept, _ = await stages.judge(run, trajectories)
+        spec = EnvsSpec(sources=["sample"], n=n, seed=seed)
+        qa_ids, _ = await synthesize_qas(run, spec)
+        await build_environments(run, spec, qa_ids)
+    return {"kept_trajectories": len(kept), "environments": wh.count("environments"),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+async def _bfcl(paths: dict[str, str], limit: int) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from arenaforge.tasks.policy.hf import HfEngine
+    from arenaforge.tasks.rollout.bfcl import BfclUnavailable, evaluate_bfcl, load_bfcl
+
+    try:
+        items, origin = load_bfcl(limit=limit)
+    except BfclUnavailable as err:
+        return {"skipped": str(err)}
+    out: dict[str, Any] = {"data": origin, "per_category_limit": limit}
+    for label, path in paths.items():
+        started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        engine = HfEngine(AutoModelForCausalLM.from_pretrained(path), tokenizer, policy=path)
+        out[label] = {**await evaluate_bfcl(engine, tokenizer, items),
+                      "seconds": round(time.perf_counter() - started, 1)}
+    return out
+
+
+async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-small",
+         warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
+         warmstart_lr: float = RECIPE["warmstart_lr"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
+         group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
+         test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
+         sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
+    """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL."""
+    import logging
+    import sys
+
+    from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
+
+    progress = logging.getLogger("arenaforge")  # per-step lines on stderr; the JSON result goes to stdout
+    if not progress.handlers:
+        progress.addHandler(logging.StreamHandler(sys.stderr))
+        progress.setLevel(logging.INFO)
+    started = time.perf_counter()
+    root = Path(out)
+    root.mkdir(parents=True, exist_ok=True)
+    db = root / "learning.duckdb"
+    cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": sandbox, "model.backend": "offline"})
+    wh = Warehouse(db)
+    data = await _synthesize(cfg, wh, n, seed) if wh.count("environments") == 0 else {
+        "environments": wh.count("environments"), "reused": str(db)}
+    params = GrpoParams(db=str(db), model_path=model, out_dir=str(root / "train"), experiment=f"grpo-seed{seed}",
+                        steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
+                        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
+                        warmstart_batch_size=warmstart_batch_size, eval_limit=eval_limit, seed=seed,
+                        envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
+    params = params.model_copy(update={"episode": params.episode.model_copy(update={"temperature": temperature})})
+    import os
+
+    os.environ["ARENAFORGE_SANDBOX__BACKEND"] = sandbox  # the job reads config itself
+    trained = time.perf_counter()
+    result = await grpo_job(params)
+    train_s = time.perf_counter() - trained
+
+    evals = result.get("eval", {})
+    f1 = {label: _episode_f1(wh, row["run_id"]) for label, row in evals.items()}
+    stages: dict[str, Any] = {}
+    for label, row in evals.items():
+        values = list(f1[label].values())
+        stages[label] = {"test_f1": round(row["f1"], 4), "ci95": bootstrap_ci(values, seed),
+                         "recall": round(row["recall"], 4), "precision": round(row["precision"], 4),
+                         "calls": round(row["calls_per_task"], 3), "format_errors": round(row["format_errors_per_task"], 3),
+                         "episodes": row["episodes"], "policy": row["policy"]}
+    delta: dict[str, Any] = {}
+    if "warm start" in f1 and "warm start + GRPO" in f1:
+        common = sorted(set(f1["warm start"]) & set(f1["warm start + GRPO"]))
+        diffs = [f1["warm start + GRPO"][e] - f1["warm start"][e] for e in common]
+        delta = {"grpo_minus_warmstart": round(statistics.fmean(diffs), 4) if diffs else 0.0,
+                 "ci95_paired": bootstrap_ci(diffs, seed), "environments": len(common)}
+
+    warm_run = (result.get("warmstart") or {}).get("run_id")
+    warm_steps = sorted(wh.load(TrainStep, where="run_id = ?", params=[warm_run]), key=lambda s: s.step) if warm_run else []
+    grpo_steps_rows = sorted(wh.load(TrainStep, where="run_id = ?", params=[result["run_id"]]), key=lambda s: s.step)
+    curves = {
+        "warmstart_loss": [round(s.metrics["loss"], 4) for s in warm_steps],
+        "grpo": [{k: round(s.metrics.get(k, 0.0), 4) for k in ("reward", "recall", "precision", "zero_variance_share",
+                                                                   "groups_used", "groups_generated", "skipped", "loss",
+                                                                   "rollout_s", "train_s")} | {"step": s.step}
+                 for s in grpo_steps_rows],
+    }
+    grpo_metrics = [s.metrics for s in grpo_steps_rows]
+    generated = sum(m.get("model_tokens", 0.0) * m.get("groups_generated", 0.0) * group_size for m in grpo_metrics)
+    rollout_s = sum(m.get("rollout_s", 0.0) for m in grpo_metrics)
+    throughput = {
+        "warmstart_train_tokens_per_s": round(statistics.fmean([s.metrics["tokens_per_s"] for s in warm_steps]), 1)
+        if warm_steps else None,
+        "grpo_rollout_model_tokens_per_s": round(generated / rollout_s, 1) if rollout_s else None,
+        "grpo_train_tokens_per_s": round(statistics.fmean([m["tokens_per_s"] for m in grpo_metrics if "tokens_per_s" in m]), 1)
+        if any("tokens_per_s" in m for m in grpo_metrics) else None,
+    }
+    wall = {"data_s": data.get("seconds"), "train_and_eval_s": round(train_s, 1),
+            "warmstart_s": round(sum(s.metrics.get("train_s", 0.0) for s in warm_steps), 1),
+            "grpo_s": round(sum(m.get("rollout_s", 0.0) + m.get("train_s", 0.0) for m in grpo_metrics), 1)}
+    paths = {label: row["policy"] for label, row in evals.items()}
+    bfcl_started = time.perf_counter()
+    bfcl = await _bfcl(paths, bfcl_limit) if bfcl_limit else {"skipped": "bfcl_limit 0"}
+    wall["bfcl_s"] = round(time.perf_counter() - bfcl_started, 1)
+    wall["total_s"] = round(time.perf_counter() - started, 1)
+    zero_var = [m["zero_variance_share"] for m in grpo_metrics if not m.get("skipped")] or [1.0]
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = []
+    return {
+        "config": {"model": model, "n": n, "warmstart_steps": warmstart_steps, "warmstart_lr": warmstart_lr,
+                   "warmstart_batch_size": warmstart_batch_size, "eval_limit": eval_limit,
+                   "grpo_steps": grpo_steps, "grpo_lr": grpo_lr, "group_size": group_size, "batch_groups": batch_groups,
+                   "temperature": temperature, "test_share": test_share, "seed": seed},
+        "data": data, "stages": stages, "grpo_vs_warmstart": delta,
+        "grpo": {"steps": len(grpo_metrics), "skipped_steps": int(sum(m.get("skipped", 0) for m in grpo_metrics)),
+                 "zero_variance_share_mean": round(statistics.fmean(m["zero_variance_share"] for m in grpo_metrics), 4)
+                 if grpo_metrics else None,
+                 "zero_variance_share_used_steps": round(statistics.fmean(zero_var), 4)},
+        "curves": curves, "bfcl": bfcl, "wall_clock": wall, "throughput": throughput, "load_average_end": load,
+        "warehouse": str(db), "final_checkpoint": result.get("final_checkpoint"),
+    }

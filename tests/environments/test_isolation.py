@@ -1,0 +1,282 @@
+"""Sessions isolated from each other and from the host, against code written to break it (issue 14).
+
+Each attack runs on both backends. A session's /tmp, /dev/shm and /var/tmp are its own size-capped
+tmpfs, gone with it; its SysV IPC is its own; it gets no sockets and cannot make namespaces, mount,
+or trace; its uid is its own and not the next one in line. On the process backend it also cannot
+see the checkout, the host's processes or /run, and model-written code is refused unless allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from arenaforge.environments.runtime import UntrustedCodeRefused, create_pool
+from arenaforge.schemas.base import Provenance
+from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
+from tests.environments.conftest import PoolHandle, sandbox_config, start_pool
+
+PROBES = r'''
+import ctypes, errno, json, os, signal, socket
+
+def listdir(path: str):
+    return sorted(os.listdir(path))
+
+def write(path: str, text: str = "secret"):
+    with open(path, "w") as fh:
+        fh.write(text)
+    os.chmod(path, 0o666)
+    return path
+
+def read(path: str):
+    with open(path) as fh:
+        return fh.read()
+
+def mkdir(path: str):
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+    return path
+
+def fill(path: str):
+    written = 0
+    try:
+        with open(path, "wb") as fh:
+            while True:
+                fh.write(b"z" * (1 << 20))
+                fh.flush()
+                written += 1
+    except OSError as err:
+        return {"mb": written, "errno": errno.errorcode.get(err.errno)}
+
+def remove(path: str):
+    os.remove(path)
+    return "removed"
+
+def whoami():
+    return {"uid": os.getuid(), "pid": os.getpid(), "cwd": os.getcwd(), "tmpdir": os.environ.get("TMPDIR")}
+
+def shm(key: int, create: bool):
+    libc = ctypes.CDLL(None, use_errno=True)
+    shmid = libc.shmget(key, 4096, 0o1666 if create else 0)
+    return {"id": shmid, "errno": errno.errorcode.get(ctypes.get_errno()) if shmid < 0 else None}
+
+def attempts():
+    libc = ctypes.CDLL(None, use_errno=True)
+    def errno_of(result):
+        return errno.errorcode.get(ctypes.get_errno()) if result != 0 else "allowed"
+    out = {
+        "unshare_user": errno_of(libc.unshare(0x10000000)),
+        "unshare_mount": errno_of(libc.unshare(0x20000)),
+        "mount": errno_of(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)),
+        "ptrace": errno_of(libc.ptrace(0, 0, None, None)),
+    }
+    try:
+        socket.socket(socket.AF_UNIX)
+        out["socket"] = "allowed"
+    except OSError as err:
+        out["socket"] = errno.errorcode.get(err.errno)
+    return out
+
+def signal_pid(pid: int):
+    os.kill(pid, signal.SIGKILL)
+    return "killed"
+
+def pids():
+    return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+'''
+TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids")
+
+
+def probes_env(provenance: Provenance | None = None) -> Environment:
+    return Environment(name="probes", tools=[FunctionDoc(name=n) for n in TOOLS], code=PROBES, provenance=provenance)
+
+
+def needs_namespaces(h: PoolHandle) -> None:
+    if not h.pool.info.get("namespaces"):
+        pytest.skip("optional: no private namespaces here (process backend without root or user namespaces)")
+
+
+async def _calls(pool, session, *calls: tuple[str, dict]) -> list[ToolObservation]:
+    return [await pool.call(session, tool, args) for tool, args in calls]
+
+
+@pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def small(request: pytest.FixtureRequest):
+    """Small private /tmp per session, so filling one is quick; one worker, so every session shares it."""
+    yield from start_pool(request.param, pool_size=1, scratch_mb=8)
+
+
+def test_scratch_space_is_private_per_session(small: PoolHandle) -> None:
+    needs_namespaces(small)
+    pool = small.pool
+    marker = f"drop-{uuid.uuid4().hex}"
+
+    async def scenario() -> dict[str, object]:
+        a = await pool.open(probes_env())
+        me = json.loads((await pool.call(a, "whoami", {})).output)
+        # squat: what an attacker would pre-create for the next session, world-writable
+        await _calls(pool, a, ("mkdir", {"path": "/tmp/s-1"}), ("write", {"path": f"/tmp/{marker}"}),
+                     ("write", {"path": f"/dev/shm/{marker}"}), ("write", {"path": f"/var/tmp/{marker}"}))
+        b = await pool.open(probes_env())
+        seen = await _calls(pool, b, ("listdir", {"path": "/tmp"}), ("listdir", {"path": "/dev/shm"}),
+                            ("listdir", {"path": "/var/tmp"}), ("read", {"path": f"/tmp/{marker}"}))
+        await pool.call(b, "write", {"path": "/tmp/note-of-b"})
+        a_sees = await pool.call(a, "listdir", {"path": "/tmp"})
+        await pool.close(a)
+        c = await pool.open(probes_env())
+        after = await pool.call(c, "listdir", {"path": "/tmp"})
+        await pool.close(b)
+        await pool.close(c)
+        return {"me": me, "seen": seen, "a_sees": a_sees, "after": after}
+
+    got = small.run(scenario())
+    assert got["me"]["cwd"] == got["me"]["tmpdir"] == "/tmp"
+    b_tmp, b_shm, b_var, b_read = got["seen"]
+    assert (b_tmp.output, b_shm.output, b_var.output) == ("[]", "[]", "[]")  # nothing of A's, nothing squatted
+    assert b_read.outcome == "error" and "FileNotFoundError" in (b_read.traceback or "")
+    assert "note-of-b" not in got["a_sees"].output
+    assert got["after"].output == "[]"  # a closed session's files are gone
+    for place in ("/tmp", "/dev/shm", "/var/tmp"):  # and nothing reached the host's (process backend)
+        assert not Path(place, marker).exists()
+
+
+def test_filling_its_tmp_stops_at_its_own_cap_and_hurts_no_one(small: PoolHandle) -> None:
+    needs_namespaces(small)
+    pool = small.pool
+
+    async def scenario() -> tuple[list[ToolObservation], ToolObservation]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        filled = await _calls(pool, a, ("fill", {"path": "/tmp/big"}), ("fill", {"path": "/dev/shm/big"}))
+        other = await pool.call(b, "write", {"path": "/tmp/fine"})
+        await pool.close(a)
+        await pool.close(b)
+        return filled, other
+
+    filled, other = small.run(scenario())
+    for obs in filled:
+        got = json.loads(obs.output)
+        assert got["errno"] == "ENOSPC" and got["mb"] <= pool.cfg.scratch_mb
+    assert other.outcome == "ok"
+
+
+def test_sysv_ipc_is_private(small: PoolHandle) -> None:
+    needs_namespaces(small)
+    pool = small.pool
+    key = 0x5A17 + os.getpid() % 1000
+
+    async def scenario() -> tuple[dict, dict]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        made = json.loads((await pool.call(a, "shm", {"key": key, "create": True})).output)
+        found = json.loads((await pool.call(b, "shm", {"key": key, "create": False})).output)
+        await pool.close(a)
+        await pool.close(b)
+        return made, found
+
+    made, found = small.run(scenario())
+    assert made["id"] >= 0
+    assert found == {"id": -1, "errno": "ENOENT"}  # another session's segment does not exist here
+
+
+def test_no_sockets_namespaces_mounts_or_tracing(sandbox: PoolHandle) -> None:
+    if not sandbox.pool.info.get("seccomp"):
+        pytest.skip("optional: no seccomp filter on this architecture")
+
+    async def scenario() -> ToolObservation:
+        session = await sandbox.pool.open(probes_env())
+        try:
+            return await sandbox.pool.call(session, "attempts", {})
+        finally:
+            await sandbox.pool.close(session)
+
+    got = json.loads(sandbox.run(scenario()).output)
+    assert got == {"unshare_user": "EPERM", "unshare_mount": "EPERM", "mount": "EPERM", "ptrace": "EPERM", "socket": "EPERM"}
+
+
+def test_sessions_have_their_own_unpredictable_uids_and_cannot_signal_each_other(sandbox: PoolHandle) -> None:
+    if not sandbox.pool.info.get("setuid"):
+        pytest.skip("optional: the process backend run without root shares one uid (a documented gap)")
+    pool = sandbox.pool
+
+    async def scenario() -> tuple[list[int], ToolObservation, ToolObservation]:
+        sessions = [await pool.open(probes_env()) for _ in range(6)]
+        who = [json.loads((await pool.call(s, "whoami", {})).output) for s in sessions]
+        kill = await pool.call(sessions[0], "signal_pid", {"pid": who[1]["pid"]})
+        alive = await pool.call(sessions[1], "whoami", {})
+        await asyncio.gather(*(pool.close(s) for s in sessions))
+        return [w["uid"] for w in who], kill, alive
+
+    uids, kill, alive = sandbox.run(scenario())
+    assert len(set(uids)) == len(uids) and 0 not in uids
+    assert sorted(uids) != list(range(min(uids), min(uids) + len(uids)))  # not handed out in sequence
+    assert kill.outcome == "error" and "PermissionError" in (kill.traceback or "")
+    assert alive.outcome == "ok"
+
+
+def test_process_backend_hides_the_checkout_the_host_processes_and_run() -> None:
+    handle = start_pool("process", pool_size=1)
+    h = next(handle)
+    try:
+        if not h.pool.info.get("namespaces") or h.pool.info.get("pid") != 1:
+            pytest.skip("optional: no private mount and PID namespaces here (process backend without root)")
+        checkout = str(Path(__file__).resolve().parents[2])
+
+        async def scenario() -> list[ToolObservation]:
+            session = await h.pool.open(probes_env())
+            try:
+                return await _calls(h.pool, session, ("listdir", {"path": checkout}), ("read", {"path": "/proc/1/cmdline"}),
+                                    ("listdir", {"path": "/run"}), ("pids", {}))
+            finally:
+                await h.pool.close(session)
+
+        checkout_seen, init, run, pids = h.run(scenario())
+        assert checkout_seen.output == "[]"  # the source tree and a warehouse inside it are not there
+        assert "worker.server" in init.output  # PID 1 is the worker: the host's processes are out of sight
+        assert run.output == "[]"  # no host sockets under /run
+        assert len(json.loads(pids.output)) < 50  # only the worker's own processes
+    finally:
+        handle.close()
+
+
+def test_model_written_code_needs_an_opt_in_on_the_process_backend() -> None:
+    written_by_a_model = probes_env(Provenance(backend="openai", model="some-model"))
+
+    async def scenario(**cfg: object) -> str:
+        async with await create_pool(sandbox_config("process", pool_size=1, **cfg)) as pool:
+            session = await pool.open(written_by_a_model)
+            out = (await pool.call(session, "whoami", {})).outcome
+            await pool.close(session)
+            return out
+
+    with pytest.raises(UntrustedCodeRefused, match="process_allows_model_code"):
+        asyncio.run(scenario())
+    assert asyncio.run(scenario(process_allows_model_code=True)) == "ok"
+    assert asyncio.run(_open_plain()) == "ok"  # code nobody marked as model-written runs as before
+
+
+async def _open_plain() -> str:
+    async with await create_pool(sandbox_config("process", pool_size=1)) as pool:
+        session = await pool.open(probes_env(Provenance(backend="offline")))
+        out = (await pool.call(session, "whoami", {})).outcome
+        await pool.close(session)
+        return out
+
+
+@pytest.mark.docker
+def test_docker_runs_model_written_code_without_an_opt_in() -> None:
+    handle = start_pool("docker", pool_size=1)
+    h = next(handle)
+    try:
+        async def scenario() -> str:
+            session = await h.pool.open(probes_env(Provenance(backend="openai", model="some-model")))
+            out = (await h.pool.call(session, "whoami", {})).outcome
+            await h.pool.close(session)
+            return out
+
+        assert h.run(scenario()) == "ok"
+    finally:
+        handle.close()

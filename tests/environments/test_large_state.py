@@ -1,0 +1,78 @@
+"""Real-size stateful environments (issue 20): a 7 MB state is loaded once per worker and every session
+starts from its own copy, so episodes run concurrently end in exactly the states they end in alone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from arenaforge.environments.runtime import Pool
+from arenaforge.schemas.models import Environment
+from arenaforge.tasks.benchmarks.retail_state import retail_environment, retail_episodes
+from tests.environments.conftest import PoolHandle, start_pool
+
+EPISODES = 50
+
+
+@pytest.fixture(scope="module")
+def retail() -> Environment:
+    return retail_environment(7_000_000)  # generated: about 3,600 users and 7,200 orders
+
+
+@pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def pool2(request: pytest.FixtureRequest):
+    # a tight open limit: opens must queue, not time out, when many come at once
+    yield from start_pool(request.param, pool_size=2, open_timeout_s=2.0, call_timeout_s=20.0)
+
+
+async def _replay(pool: Pool, env: Environment, calls: list[tuple[str, dict]]) -> tuple[str, list[str]]:
+    session = await pool.open(env)
+    try:
+        outcomes = [(await pool.call(session, tool, args)).outcome for tool, args in calls[:-1]]
+        final = await pool.call(session, *calls[-1])
+        return final.output, outcomes
+    finally:
+        await pool.close(session)
+
+
+def test_episodes_at_concurrency_16_end_in_the_states_they_end_in_alone(pool2: PoolHandle, retail: Environment) -> None:
+    episodes = retail_episodes(retail, EPISODES)
+    assert len(json.dumps(retail.initial_state, separators=(",", ":"))) >= 7_000_000
+
+    async def sequential() -> list[tuple[str, list[str]]]:
+        return [await _replay(pool2.pool, retail, calls) for calls in episodes]
+
+    async def concurrent() -> list[tuple[str, list[str]]]:
+        slots = asyncio.Semaphore(16)
+
+        async def one(calls: list[tuple[str, dict]]) -> tuple[str, list[str]]:
+            async with slots:
+                return await _replay(pool2.pool, retail, calls)
+
+        return await asyncio.gather(*(one(calls) for calls in episodes))
+
+    alone = pool2.run(sequential(), timeout=900)
+    together = pool2.run(concurrent(), timeout=900)
+    assert [h for h, _ in together] == [h for h, _ in alone]  # the same final DB hash, episode by episode
+    assert [o for _, o in together] == [o for _, o in alone]
+    assert len({h for h, _ in alone}) == EPISODES  # and the episodes did change the state, each differently
+    assert all(len(h) == 64 for h, _ in alone)
+    stats = pool2.pool.stats()
+    assert stats["replaced"] == 0 and stats["templates"] <= pool2.pool.cfg.pool_size  # one load per worker
+
+
+def test_64_opens_at_once_all_succeed(pool2: PoolHandle, retail: Environment) -> None:
+    async def scenario() -> list[object]:
+        opened = await asyncio.gather(*(pool2.pool.open(retail) for _ in range(64)), return_exceptions=True)
+        sessions = [s for s in opened if not isinstance(s, BaseException)]
+        reads = await asyncio.gather(*(pool2.pool.call(s, "get_order_details", {"order_id": "#W1000000"})
+                                       for s in sessions))
+        await asyncio.gather(*(pool2.pool.close(s) for s in sessions))
+        return [o if isinstance(o, BaseException) else "opened" for o in opened] + [r.outcome for r in reads]
+
+    results = pool2.run(scenario(), timeout=600)
+    assert results == ["opened"] * 64 + ["ok"] * 64
+    infos = pool2.run(pool2.pool.ping())
+    assert all(info["templates"] <= 1 for info in infos)  # however many opens, the state was parsed once per worker

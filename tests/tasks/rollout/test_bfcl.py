@@ -1,0 +1,77 @@
+"""BFCL single-turn: loading the real data, the AST matcher, and the whole evaluation with a scripted policy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from arenaforge.schemas.models import FunctionDoc
+from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.tasks.rollout.bfcl import BfclUnavailable, ParsedCall, calls_match, evaluate_bfcl, load_bfcl
+from tests.support.requirements import require_shared_data
+from tests.support.rl import tiny_model_path
+
+AREA = FunctionDoc(name="calculate_triangle_area", parameters={
+    "type": "object", "properties": {"base": {"type": "integer"}, "height": {"type": "integer"},
+                                     "unit": {"type": "string"}}, "required": ["base", "height"]})
+TRUTH = [{"calculate_triangle_area": {"base": [10], "height": [5], "unit": ["units", ""]}}]
+
+
+def _items(limit):
+    try:
+        return load_bfcl(limit=limit)
+    except BfclUnavailable:
+        return load_bfcl(limit=limit, shared_data=require_shared_data())
+
+
+def test_ast_match_follows_bfcl_rules():
+    ok = ParsedCall("calculate_triangle_area", {"base": 10, "height": 5.0})
+    assert calls_match([ok], TRUTH, [AREA])  # optional param omitted; 5.0 == 5
+    assert calls_match([ParsedCall("calculate_triangle_area", {"base": 10, "height": 5, "unit": "Units"})], TRUTH, [AREA])
+    assert not calls_match([ParsedCall("calculate_triangle_area", {"base": 10})], TRUTH, [AREA])  # required missing
+    assert not calls_match([ParsedCall("calculate_triangle_area", {"base": 10, "height": 6})], TRUTH, [AREA])
+    assert not calls_match([ParsedCall("calculate_triangle_area", {"base": 10, "height": 5, "color": "red"})],
+                           TRUTH, [AREA])  # unknown parameter
+    assert not calls_match([ok, ok], TRUTH, [AREA])  # an extra call
+    two = [{"calculate_triangle_area": {"base": [1], "height": [2]}}, {"calculate_triangle_area": {"base": [3], "height": [4]}}]
+    swapped = [ParsedCall("calculate_triangle_area", {"base": 3, "height": 4}),
+               ParsedCall("calculate_triangle_area", {"base": 1, "height": 2})]
+    assert calls_match(swapped, two, [AREA]) and not calls_match(swapped[:1] * 2, two, [AREA])
+
+
+def test_real_data_loads_and_a_gold_answering_policy_scores_one():
+    from transformers import AutoTokenizer
+
+    items, origin = _items(limit=5)
+    assert origin and sorted({i.category for i in items}) == ["multiple", "parallel", "simple"] and len(items) == 15
+    by_prompt: dict[str, str] = {}
+    tok = AutoTokenizer.from_pretrained(tiny_model_path())
+
+    def first_option(values):
+        return next(v for v in values if v != "")
+
+    for item in items:  # answer each question with the first possible value of every non-optional parameter
+        calls = []
+        for expected in item.ground_truth:
+            (name, params), = expected.items()
+            args = {p: first_option(v) for p, v in params.items() if "" not in v}
+            calls.append(f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>')
+        by_prompt[item.messages[-1]["content"]] = "\n".join(calls)
+
+    def respond(prompt: str, _index: int) -> str:
+        return next(answer for question, answer in by_prompt.items() if question in prompt)
+
+    engine = ScriptedEngine(tok, respond)
+    result = asyncio.run(evaluate_bfcl(engine, tok, items, max_tokens=4096, max_prompt_tokens=100_000))
+    assert result["accuracy"] == 1.0 and all(c["items"] == 5 for c in result["categories"].values())
+    wrong = ScriptedEngine(tok, lambda prompt, i: "I do not know.")
+    assert asyncio.run(evaluate_bfcl(wrong, tok, items, max_prompt_tokens=100_000))["accuracy"] == 0.0
+
+
+def test_missing_data_is_reported_not_raised_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ARENAFORGE_SHARED_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(BfclUnavailable, match="no BFCL data"):
+        load_bfcl(shared_data=tmp_path / "nowhere")
