@@ -57,9 +57,10 @@ def relation_page(wh: Warehouse, name: str, where: str = "", run_id: str | None 
         filters.append("run_id = ?")
         params.append(run_id)
     condition = f" WHERE {' AND '.join(filters)}" if filters else ""
-    _, total = wh.query(f'SELECT count(*) FROM "{name}"{condition}', params)
-    columns, rows = wh.query(f'SELECT * FROM "{name}"{condition} LIMIT ?', [*params, limit])
-    return RelationPage(name, columns, rows, int(total[0][0]))
+    # One statement, so the count and the rows come from one snapshot while writers commit.
+    columns, rows = wh.query(f'SELECT (SELECT count(*) FROM "{name}"{condition}) AS "#total", * '
+                             f'FROM "{name}"{condition} LIMIT ?', [*params, *params, limit])
+    return RelationPage(name, columns[1:], [row[1:] for row in rows], int(rows[0][0]) if rows else 0)
 
 
 def relation_comments(wh: Warehouse) -> dict[str, str]:

@@ -43,18 +43,20 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 # --------------------------------------------------------------------------- records
-def harvest(tmp: Path, n: int = 8) -> dict[str, list[Any]]:
+async def harvest(tmp: Path, n: int = 8) -> dict[str, list[Any]]:
     """Real records from an offline envs run (QA and environment stages), by table."""
     from arenaforge.schemas.config import Config, SandboxConfig
     from arenaforge.schemas.registry import by_table
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.warehouse import Warehouse
 
     wh = Warehouse(tmp / "harvest.lake")
     cfg = Config(sandbox=SandboxConfig(backend="process"))
     spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
-    ids, _ = synthesize_qas(cfg, wh, "bench", spec)
-    build_environments(cfg, wh, "bench", spec, ids)
+    async with open_run_scope(cfg, wh, "bench") as run:
+        ids, _ = await synthesize_qas(run, spec)
+        await build_environments(run, spec, ids)
     tables = ["qa_instances", "qa_verifications", "environments", "distractor_sets", "env_merges"]
     return {t: wh.load(by_table(t)) for t in tables}  # type: ignore[arg-type]
 
@@ -208,7 +210,7 @@ def _tail(out: Path) -> str:
 
 
 # --------------------------------------------------------------------------- the benchmark
-def main(writers: int = 4, batches: int = 6, batch_size: int = 40, calls_per_qa: int = 4, shared: int = 2,
+async def main(writers: int = 4, batches: int = 6, batch_size: int = 40, calls_per_qa: int = 4, shared: int = 2,
          repeat: int = 3, postgres: str = "", legacy: bool = True) -> dict[str, Any]:
     """Rows/s of the pipeline's write pattern, read latency under `writers` writers, rows lost: per layout."""
     from arenaforge.warehouse.legacy import legacy_duckdb_dir, legacy_env
@@ -218,7 +220,7 @@ def main(writers: int = 4, batches: int = 6, batch_size: int = 40, calls_per_qa:
     with tempfile.TemporaryDirectory(prefix="af-bench-wh-") as tmp_dir:
         tmp = Path(tmp_dir)
         t = time.perf_counter()
-        real = harvest(tmp)
+        real = await harvest(tmp)
         out["harvest_s"] = round(time.perf_counter() - t, 1)
         plans, expected = workloads(real, writers, batches, batch_size, calls_per_qa, shared)
         files = []
