@@ -5,8 +5,8 @@ and the DuckDB CLI from PyPI could not open the file at all. Here:
   * a reader process holds a session, with a transaction open, for the whole of an `envs synth`,
     and the flow finishes;
   * the DuckDB CLI installed from PyPI (`duckdb-cli`, the command `arenaforge db cli --print` gives)
-    queries v_environments in the middle of a run, while the flow is frozen with SIGSTOP right
-    after its first batch of environments was committed.
+    and `arenaforge db show` query v_environments in the middle of a run, while the flow is frozen
+    with SIGSTOP right after its first batch of environments was committed.
 """
 
 from __future__ import annotations
@@ -105,6 +105,12 @@ def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_se
         assert query.returncode == 0, query.stderr
         seen, verified = (int(x) for x in query.stdout.strip().split(","))
         assert seen > 0 and verified == seen  # the first batch, read while the run is mid-way
+        # ... and `arenaforge db show` too (before DuckLake it hung until the run let go of the file)
+        shown = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "db", "show",
+                                "environments", "--limit", "1"], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr
+        assert f"v_environments: 1 of {seen} rows" in shown.stdout
     finally:
         if frozen:
             os.killpg(proc.pid, signal.SIGCONT)
