@@ -236,7 +236,10 @@ async def main(writers: int = 4, batches: int = 6, batch_size: int = 40, calls_p
             old = legacy_env(legacy_duckdb_dir(install=False))
             layouts["single_file_duckdb_2_0_0"] = ("file:{d}/w.duckdb", "", old)
         layouts["ducklake_sqlite"] = ("{d}/w.lake", "", env)
-        if postgres:
+        if postgres:  # a libpq conninfo or URL, with or without the `postgres:` that --db takes
+            from arenaforge.warehouse.lake import is_postgres
+
+            postgres = postgres if is_postgres(postgres) else f"postgres:{postgres}"
             layouts["ducklake_postgres"] = (postgres, "{d}/data", env)
 
         runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
