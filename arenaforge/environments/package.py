@@ -5,6 +5,12 @@
     tools.py            the tool code (standard library only)
     initial_state.json  the state a fresh session starts from (absent when there is none)
 
+Format 2 (`Environment.modules`, `tool_turns`) adds a directory:
+
+    modules/<name>.py   the code of each namespace (its other fields are in env.json's "modules", without code)
+
+and `tools.py` is then optional. A format-1 package reads and writes exactly as before.
+
 `read_package(write_package(env, d)) == env`, id included. Two tool-code shapes run unchanged:
 plain module functions (optionally over a module global named by `data_var`, bound to a copy
 of the initial state) and public methods of a class `class_name`, built from the initial state
@@ -20,12 +26,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from arenaforge.schemas.errors import InputError
-from arenaforge.schemas.models import Environment
+from arenaforge.schemas.models import FORMAT_2_FIELDS, Environment
 
 ENV_FILE = "env.json"
 TOOLS_FILE = "tools.json"
 CODE_FILE = "tools.py"
 STATE_FILE = "initial_state.json"
+MODULES_DIR = "modules"
 SPLIT_FIELDS = ("tools", "code", "initial_state")
 
 
@@ -34,10 +41,16 @@ def write_package(env: Environment, directory: str | Path) -> Path:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     data = env.model_dump(mode="json")
-    meta = {k: v for k, v in data.items() if k not in SPLIT_FIELDS}
+    meta = {k: v for k, v in data.items() if k not in SPLIT_FIELDS and (v or k not in FORMAT_2_FIELDS)}
+    if env.modules:
+        meta["modules"] = [{k: v for k, v in m.items() if k != "code"} for m in data["modules"]]
+        (path / MODULES_DIR).mkdir(exist_ok=True)
+        for module in env.modules:
+            (path / MODULES_DIR / f"{module.name}.py").write_text(module.code, encoding="utf-8")
     _write_json(path / ENV_FILE, meta)
     _write_json(path / TOOLS_FILE, data["tools"])
-    (path / CODE_FILE).write_text(env.code, encoding="utf-8")
+    if env.code or not env.modules:
+        (path / CODE_FILE).write_text(env.code, encoding="utf-8")
     state = path / STATE_FILE
     if env.initial_state is not None:
         _write_json(state, env.initial_state)
@@ -49,15 +62,26 @@ def write_package(env: Environment, directory: str | Path) -> Path:
 def read_package(directory: str | Path) -> Environment:
     """Load a package directory into a validated `Environment` (InputError if it is not one)."""
     path = Path(directory)
-    for name in (ENV_FILE, TOOLS_FILE, CODE_FILE):
+    for name in (ENV_FILE, TOOLS_FILE):
         if not (path / name).is_file():
             raise InputError(f"{path} is not an environment package: {name} is missing")
     meta = _read_json(path / ENV_FILE)
     tools = _read_json(path / TOOLS_FILE)
     if not isinstance(meta, dict) or not isinstance(tools, list):
         raise InputError(f"{path}: {ENV_FILE} must hold an object and {TOOLS_FILE} a list")
+    modules = meta.get("modules") or []
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise InputError(f"{path}: {ENV_FILE}: modules must be a list of objects")
+    if not modules and not (path / CODE_FILE).is_file():
+        raise InputError(f"{path} is not an environment package: {CODE_FILE} is missing")
+    for module in modules:
+        file = path / MODULES_DIR / f"{module.get('name')}.py"
+        if not file.is_file():
+            raise InputError(f"{path}: module {module.get('name')!r} has no code ({MODULES_DIR}/{module.get('name')}.py is missing)")
+        module["code"] = file.read_text(encoding="utf-8")
     state = _read_json(path / STATE_FILE) if (path / STATE_FILE).is_file() else None
-    data: dict[str, Any] = {**meta, "tools": tools, "code": (path / CODE_FILE).read_text(encoding="utf-8"), "initial_state": state}
+    code = (path / CODE_FILE).read_text(encoding="utf-8") if (path / CODE_FILE).is_file() else ""
+    data: dict[str, Any] = {**meta, "tools": tools, "code": code, "initial_state": state}
     try:
         env = Environment.model_validate(data)
     except ValidationError as err:

@@ -76,6 +76,21 @@ def answer_matches(gold: str, observation: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(g)}(?![\w])", o) is not None
 
 
+def gold_call_passes(answer: str | None, outcome: str, output: str) -> bool:
+    """Whether a replayed gold call did what the package says it must (the one rule every replay check uses).
+
+    - `ok` passes when the call declares no answer (`answer` None), or its answer matches the output (`answer_matches`).
+    - `no_output` (the tool returned None and printed nothing) passes only when the call declares no text:
+      `answer` None or blank. A call that must return an answer and returned nothing fails.
+    - `error`, `timeout` and `limit` always fail.
+    """
+    if outcome == "no_output":
+        return answer is None or not normalise(answer)
+    if outcome != "ok":
+        return False
+    return answer is None or not normalise(answer) or answer_matches(answer, output)
+
+
 def solved_subtasks(gold_answers: Sequence[str], observations: Iterable[str]) -> list[bool]:
     """For each gold sub-answer, whether some received observation contains it."""
     obs = list(observations)

@@ -31,6 +31,7 @@ class Provenance(Frozen):
     prompt_hash: str | None = Field(default=None, description="Hash of the prompt template used, if any.")
     seed: int | None = Field(default=None, description="Seed of the deterministic generator, if any.")
     code_version: str = Field(default="0.1.0", description="arenaforge version that made the record.")
+    source: str | None = Field(default=None, description="Knowledge source or tool server the record came from.")
 
 
 class Record(Frozen):
@@ -60,3 +61,11 @@ class Record(Frozen):
     def content(self) -> dict[str, Any]:
         """The record as JSON-ready data (what is stored and validated)."""
         return self.model_dump(mode="json")
+
+    def lineage(self, source: str | None = None) -> dict[str, str]:
+        """Where an exported row came from, as flat strings ("" when unknown): the record and run ids, the
+        backend, model and prompt that made it, and its source. Every export carries it."""
+        p = self.provenance
+        return {"record_id": self.id, "run_id": self.run_id or "", "backend": p.backend if p else "",
+                "model": (p.model if p else None) or "", "prompt_hash": (p.prompt_hash if p else None) or "",
+                "source": source or (p.source if p else None) or ""}

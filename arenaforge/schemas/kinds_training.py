@@ -66,6 +66,15 @@ class EvalRun(Record):
     statuses: dict[str, int] = Field(default_factory=dict, description="Episode count per rollout status.")
     failure_reasons: dict[str, int] = Field(default_factory=dict, description="env_failure reasons with counts.")
     started_at: str = Field(description="ISO-8601 UTC time the evaluation started (part of the id).")
+    suite: str | None = Field(default=None, description="The imported suite evaluated (`eval --suite`), if any.")
+    native: float | None = Field(default=None, ge=0, le=1,
+                                 description="The suite's own metric: share of scored episodes its native check passed.")
+
+    def compute_id(self) -> str:  # unset suite fields stay out of the id: evaluations without them keep theirs
+        from arenaforge.schemas.ids import content_id
+
+        unset = {f for f in ("suite", "native") if getattr(self, f) is None}
+        return content_id(self.ID_PREFIX, self.model_dump(mode="json", exclude=set(self.ID_EXCLUDE) | unset))
 
 
 @register

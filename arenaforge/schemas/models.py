@@ -249,8 +249,47 @@ class Verification(Frozen):
     details: list[str] = Field(default_factory=list)
 
 
+class ToolModule(Frozen):
+    """One namespace of tool code in a package of format 2: its own module globals, its own class instance."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Namespace name (the file modules/<name>.py).")
+    code: str = Field(description="Python source of this namespace.")
+    class_name: str | None = Field(default=None, description="Public methods of this class are tools; None: module functions.")
+    data_var: str | None = Field(default=None, description="Functions shape: module global this module's state is bound to.")
+    init_args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the class constructor.")
+    load_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for the class's loader (e.g. BFCL's long_context).")
+    state_key: str | None = Field(
+        default=None, description="Key of `initial_state` that holds this module's state; None: the whole initial_state.")
+    tools: list[str] = Field(
+        default_factory=list, description="Tools this module serves; empty: whichever it defines that no module lists.")
+
+
+class NativeCheck(Frozen):
+    """How an imported suite scores an episode itself, kept beside our F1 (`arenaforge eval --suite`)."""
+
+    suite: str = Field(description="The suite the environment was imported into (`eval --suite NAME`).")
+    kind: Literal["state_hash", "bfcl_multi_turn"] = Field(
+        description="state_hash: the episode's final session state (Pool.state) must hash to gold_state_sha256. "
+                    "bfcl_multi_turn: BFCL's checks after every turn with gold calls: the state check (the classes' "
+                    "state hashes to the turn's state_sha256) and the response check (every one of the turn's "
+                    "gold_results is among the episode's results so far).")
+    gold_state_sha256: str = Field(description="SHA-256 of the canonical JSON of the state after the gold calls.")
+    source: str = Field(description="Where the environment came from: the file(s) and the SHA-256 of their bytes, "
+                                    "or the suite's version and task id.")
+    turns: list[dict[str, Any]] = Field(
+        default_factory=list, description="bfcl_multi_turn: per turn, the user's messages, the number of gold calls, "
+                                          "their results (gold_results) and the state's hash after them (state_sha256).")
+
+
+FORMAT_2_FIELDS = ("modules", "tool_turns", "native")
+
+
 class Environment(Record):
-    """An executable tool environment: docs, code, state, gold calls and verification."""
+    """An executable tool environment: docs, code, state, gold calls and verification.
+
+    Format 2 (`modules`, `tool_turns`, `native`) is additive: an environment that sets none of them is format 1,
+    and its id is what it was before format 2 existed."""
 
     KIND = "environment"
     ID_PREFIX = "env"
@@ -273,6 +312,38 @@ class Environment(Record):
     distractors: list[str] = Field(default_factory=list, description="Names of tools in `tools` that are distractors.")
     question: str | None = Field(default=None, description="The task prompt the agent is given.")
     verification: Verification | None = None
+    modules: list[ToolModule] = Field(
+        default_factory=list, description="Format 2: tool code in several namespaces, loaded in order (then `code`, `style`, "
+                                          "`class_name` and `data_var` are unused; rendering comes from the first).")
+    tool_turns: dict[str, int] = Field(
+        default_factory=dict, description="Format 2: tool name -> first turn (0-based) at which the agent sees and may "
+                                          "call it; tools not named here are visible from turn 0.")
+    native: NativeCheck | None = Field(default=None, description="Format 2: the imported suite's own check.")
+
+    @property
+    def format_version(self) -> int:
+        return 2 if any(getattr(self, f) for f in FORMAT_2_FIELDS) else 1
+
+    def compute_id(self) -> str:  # format-2 fields left unset stay out of the id: format-1 ids never change
+        from arenaforge.schemas.ids import content_id
+
+        unset = {f for f in FORMAT_2_FIELDS if not getattr(self, f)}
+        return content_id(self.ID_PREFIX, self.model_dump(mode="json", exclude=set(self.ID_EXCLUDE) | unset))
+
+    def visible_tools(self, turn: int) -> list[FunctionDoc]:
+        """The tools the agent sees at `turn` (0-based)."""
+        return [t for t in self.tools if self.tool_turns.get(t.name, 0) <= turn]
+
+    @model_validator(mode="after")
+    def _format_2_names(self) -> "Environment":
+        names = {t.name for t in self.tools}
+        unknown = sorted(set(self.tool_turns) - names)
+        if unknown:
+            raise ValueError(f"tool_turns names tools that are not in tools: {unknown}")
+        modules = [m.name for m in self.modules]
+        if len(modules) != len(set(modules)):
+            raise ValueError(f"duplicate module names: {sorted({n for n in modules if modules.count(n) > 1})}")
+        return self
 
     @field_validator("tools")
     @classmethod
@@ -316,6 +387,15 @@ class Rollout(Record):
     failure_reason: str | None = None
     tool_errors: int = Field(default=0, ge=0)
     format_errors: int = Field(default=0, ge=0)
+    native_passed: bool | None = Field(default=None, description="The imported suite's own verdict (Environment.native); "
+                                                                 "None when the environment has none.")
+    native_reason: str | None = Field(default=None, description="Why the suite's own check failed, in its terms.")
+
+    def compute_id(self) -> str:  # unset native fields stay out of the id: rollouts without them keep theirs
+        from arenaforge.schemas.ids import content_id
+
+        unset = {f for f in ("native_passed", "native_reason") if getattr(self, f) is None}
+        return content_id(self.ID_PREFIX, self.model_dump(mode="json", exclude=set(self.ID_EXCLUDE) | unset))
 
 
 ToolOutcome = Literal["ok", "no_output", "error", "timeout", "limit"]

@@ -15,6 +15,7 @@ Within a process threads each get their own connection from `connect()` (never s
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -25,7 +26,6 @@ import duckdb
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.contracts import validate
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.schemas.ids import canonical_json
 from arenaforge.warehouse.lake import LakeLocation, LakeStore, is_postgres
 from arenaforge.warehouse.single_file import FileStore, is_duckdb_file
 
@@ -194,7 +194,9 @@ class Warehouse:
         for record in records:
             data = record.content()
             validate(record.KIND, data)  # the JSON contract, at the storage boundary
-            rows[record.id] = (record.id, record.run_id, list(record.parents), canonical_json(data))
+            # stored in the record's own key order (its id ignores order): tool code iterates an environment's state
+            stored = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            rows[record.id] = (record.id, record.run_id, list(record.parents), stored)
         return column_lists(list(rows.values()), len(_RECORD_COLUMNS))
 
     # ------------------------------------------------------------------ reads

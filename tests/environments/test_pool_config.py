@@ -90,13 +90,50 @@ def test_cli_run_and_check(tmp_path: Path) -> None:
     assert [json.loads(line)["passed"] for line in checked.output.splitlines()] == [True, True]
 
 
+def test_cli_check_accepts_none_where_no_answer_is_declared(tmp_path: Path) -> None:
+    from arenaforge.flows.cli import app
+    from arenaforge.schemas.models import GoldCall
+
+    env = retail_functions_env()
+    ok = env.model_copy(update={"calls": [*env.calls, GoldCall(tool="noop", arguments={}),
+                                          GoldCall(tool="noop", arguments={}, answer="")]})
+    expects_text = env.model_copy(update={"calls": [GoldCall(tool="noop", arguments={}, answer="done")]})
+    write_package(ok.model_copy(update={"id": ""}), tmp_path / "ok")
+    write_package(expects_text.model_copy(update={"id": ""}), tmp_path / "expects")
+    runner = CliRunner()
+    checked = runner.invoke(app, ["sandbox", "check", str(tmp_path / "ok"), "--backend", "process"])
+    rows = [json.loads(line) for line in checked.output.splitlines()]
+    assert checked.exit_code == 0, checked.output
+    assert [(r["outcome"], r["passed"]) for r in rows] == [("ok", True), ("ok", True), ("no_output", True), ("no_output", True)]
+    failed = runner.invoke(app, ["sandbox", "check", str(tmp_path / "expects"), "--backend", "process"])
+    assert failed.exit_code == 1 and json.loads(failed.output.splitlines()[0])["passed"] is False
+
+
+@pytest.mark.parametrize(("answer", "outcome", "output", "passes"), [
+    (None, "ok", "anything", True),
+    ("5.0", "ok", "5", True),
+    ("5.0", "ok", "6", False),
+    (None, "no_output", "", True),
+    ("  ", "no_output", "", True),
+    ("pending", "no_output", "", False),
+    (None, "error", "", False),
+    (None, "timeout", "", False),
+    (None, "limit", "", False),
+])
+def test_gold_call_rule(answer, outcome, output, passes) -> None:
+    from arenaforge.environments.reward import gold_call_passes
+
+    assert gold_call_passes(answer, outcome, output) is passes
+
+
 def test_benchmark_smoke() -> None:
     from arenaforge.tasks.benchmarks.sandbox import main
 
     import asyncio
 
     result = asyncio.run(main(levels="1,4", trivial_calls=40, cpu_calls=4, subprocess_calls=4, docker_run_calls=0,
-                              backend="process", pool_size=1, state_mb=0.3, state_opens=3, state_concurrency=4))
+                              backend="process", pool_size=1, state_mb=0.3, state_opens=3, state_concurrency=4,
+                              module_kb=40, module_opens=3))
     assert result["pool_backend"] == "process"
     state = result["stateful"]
     assert state["state_bytes"] >= 300_000 and state["templates_loaded"] == 2  # the bench env and the state: one load each
@@ -105,6 +142,8 @@ def test_benchmark_smoke() -> None:
     assert result["pool"]["cpu50ms"]["1"]["p50_ms"] >= 45
     assert result["subprocess"]["trivial"]["1"]["failed"] == 0
     assert result["ratios"]["pool_over_subprocess"]["trivial"]["1"] > 1
+    module = result["large_module"]
+    assert module["code_bytes"] >= 40_000 and module["template"]["calls_ok"] == module["compile_every_open"]["calls_ok"] == 24
 
 
 def test_session_cpu_limit_and_odd_results() -> None:

@@ -96,7 +96,7 @@ def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) 
         sources=["sample"], n=5, seed=0,
         overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": scripted_openai.url,
                    "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
-                   "sandbox.backend": "process"})
+                   "sandbox.backend": "process", "sandbox.process_allows_model_code": True})
     counts = asyncio.run(envs(params))
     wh = Warehouse(db)
     envs_out = wh.load(Environment)

@@ -130,7 +130,8 @@ def test_consistent_but_false_model_gets_nothing_accepted(prefect_server, script
         [sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "--backend", "openai", "--base-url",
          scripted_openai.url, "--model", "liar", "envs", "synth", "--source", "sample", "--n", str(len(_LIES)),
          "--seed", "0"],
-        cwd=tmp_path, env={**os.environ, "ARENAFORGE_MODEL__MAX_RETRIES": "0", "ARENAFORGE_SANDBOX__BACKEND": "process"},
+        cwd=tmp_path, env={**os.environ, "ARENAFORGE_MODEL__MAX_RETRIES": "0", "ARENAFORGE_SANDBOX__BACKEND": "process",
+                                     "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true"},
         capture_output=True, text=True, timeout=600)
     # nothing survives, so the run says so and exits 2 (nothing produced), naming the commonest refusal
     assert done.returncode == 2, done.stderr[-2000:]

@@ -23,7 +23,8 @@ from arenaforge.warehouse import Warehouse
 pytestmark = pytest.mark.prefect_server
 BUDGET = {"ARENAFORGE_MODEL__MAX_RETRIES": "3", "ARENAFORGE_MODEL__BACKOFF_BASE_S": "0.2",
           "ARENAFORGE_MODEL__BACKOFF_MAX_S": "1", "ARENAFORGE_MODEL__RETRY_BUDGET_S": "4",
-          "ARENAFORGE_MODEL__CACHE": "false", "ARENAFORGE_SANDBOX__BACKEND": "process"}
+          "ARENAFORGE_MODEL__CACHE": "false", "ARENAFORGE_SANDBOX__BACKEND": "process",
+          "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true"}
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

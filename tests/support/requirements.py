@@ -65,3 +65,11 @@ def require_verl_venv() -> Path:
     if not python.exists():
         skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-verl.sh builds it)")
     return python
+
+
+def require_bfcl() -> None:
+    """bfcl-eval's data and API classes (scripts/setup.sh installs the wheel without its dependencies)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bfcl_eval") is None:
+        skip_or_fail("bfcl-eval is not installed (scripts/setup.sh: pip install --no-deps bfcl-eval==2026.3.23)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arenaforge.schemas.errors import SandboxError
+from arenaforge.environments.runtime.errors import WorkerLost
 from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
 
 CODE = '''
@@ -73,7 +73,8 @@ def solving_policy(env: Environment):
 
 @dataclass
 class InProcessPool:
-    """Test double of the sandbox pool; `fail_calls_to` makes a tool raise SandboxError."""
+    """Test double of the sandbox pool; `fail_calls_to` makes a call fail as the runtime does when its worker
+    dies (`WorkerLost`, an EnvironmentFailure)."""
 
     fail_calls_to: set[str] = field(default_factory=set)
     opened: int = 0
@@ -89,7 +90,7 @@ class InProcessPool:
 
     async def call(self, session: dict[str, Any], tool_name: str, args: dict[str, Any]) -> ToolObservation:
         if tool_name in self.fail_calls_to:
-            raise SandboxError(f"worker for {tool_name} died")
+            raise WorkerLost(f"worker for {tool_name} died")
         try:
             value = session[tool_name](**args)
         except Exception as err:  # a tool's own error is an observation, as in the real runtime

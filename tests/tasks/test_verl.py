@@ -133,6 +133,21 @@ def test_tool_lifecycle_and_reward():
     assert breakdown.calls == 2 and pool.closed == 1
 
 
+def test_a_sandbox_failure_is_not_charged_to_the_agent():
+    env = tiny_env()
+    tool = ArenaTool(InProcessPool(fail_calls_to={"get_population"}), name="get_capital")
+
+    async def main():
+        iid, _ = await tool.open(env)
+        text, _, _ = await tool.execute(iid, {"country": "Freedonia"})
+        failed, _, info = await tool.execute(iid, {"city": text}, tool_name="get_population")
+        return failed, info, await tool.calc_reward(iid), tool._instances[iid]
+
+    failed, info, reward, instance = asyncio.run(main())
+    assert info == {"outcome": "env_failure"} and "not your doing" in failed and "worker_lost" in failed
+    assert reward == 0.0 and instance.env_failure and instance.errors == 0, "the sandbox failed, not the agent"
+
+
 def test_compute_score_fallback_reads_tool_responses():
     text = call_text("get_capital", country="F") + "<|im_end|>\n<|im_start|>user\n<tool_response>\nQuaxton\n</tool_response>"
     score = compute_score("arenaforge", text, json.dumps(["Quaxton", "81234"]))
@@ -168,32 +183,20 @@ def test_export_runs_through_stock_verl(tmp_path):
     assert report["arena_agent"]["rm_scores"] == [1.0] * 3  # our loop scores the episode itself
 
 
-def test_configured_ray_address_submits_the_verl_job(tmp_warehouse, tmp_path, monkeypatch):
-    """train.ray_address in config -> grpo_job writes the job and submits it through ray.job_submission."""
-    import sys
-    import types
+@pytest.mark.slow
+def test_configured_ray_address_submits_the_verl_job(tmp_path):
+    """train.ray_address in config -> grpo_job writes the job and submits it to a real Ray head on loopback
+    (started from the verl venv); Ray holds the job with our entrypoint and runtime env."""
+    import subprocess
 
-    from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
+    from tests.support.requirements import REPO, require_verl_venv
 
-    submitted = {}
-
-    class JobSubmissionClient:
-        def __init__(self, address):
-            submitted["address"] = address
-
-        def submit_job(self, *, entrypoint, runtime_env, submission_id):
-            submitted.update(entrypoint=entrypoint, runtime_env=runtime_env)
-            return submission_id
-
-    ray = types.ModuleType("ray")
-    job_submission = types.ModuleType("ray.job_submission")
-    job_submission.JobSubmissionClient = JobSubmissionClient
-    monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.setitem(sys.modules, "ray.job_submission", job_submission)
-    monkeypatch.setenv("ARENAFORGE_TRAIN__RAY_ADDRESS", "http://head:8265")
-    tmp_warehouse.upsert([tiny_env()])
-    out = asyncio.run(grpo_job(GrpoParams(db=str(tmp_warehouse.path), out_dir=str(tmp_path), model_path="/models/m",
-                                          envs=EnvSelection(split="all"), experiment="big")))
-    assert submitted["address"] == "http://head:8265" and out["ray_job_id"].startswith("big-")
-    assert submitted["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
-    assert "verl==0.9.1" in submitted["runtime_env"]["pip"]
+    python = require_verl_venv()
+    proc = subprocess.run([str(python), "-m", "tests.support.ray_submit_check", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["job_id"].startswith("ray-check-") and report["jobs_on_head"] == [report["job_id"]]
+    assert report["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
+    assert "verl==0.9.1" in json.dumps(report["pip"])

@@ -23,7 +23,7 @@ from arenaforge.environments.runtime.errors import (
     WorkerLost,
 )
 from arenaforge.environments.runtime.image import build_image, image_ref, image_tag
-from arenaforge.environments.runtime.pool import Pool, Session, create_pool, model_written, run_calls
+from arenaforge.environments.runtime.pool import Pool, Session, create_pool, model_written, replay, run_calls
 
 __all__ = [
     "EnvLoadError",
@@ -41,5 +41,6 @@ __all__ = [
     "image_ref",
     "image_tag",
     "model_written",
+    "replay",
     "run_calls",
 ]

@@ -49,6 +49,7 @@ from arenaforge.environments.runtime.errors import (
     UntrustedCodeRefused,
     WorkerLost,
 )
+from arenaforge.environments.runtime.worker.execution import STATE_TOOL
 from arenaforge.environments.runtime.transports import (
     DockerLauncher,
     Launcher,
@@ -92,6 +93,7 @@ class Session:
     closed: bool = False
     calls: int = 0
     resets: int = 0
+    turn: int = 0  # the episode's turn (0-based): which tools of a format-2 environment the agent may call
 
     @property
     def tools(self) -> list[str]:
@@ -99,14 +101,17 @@ class Session:
 
 
 def _payload(env: Environment) -> dict[str, Any]:
-    return {"code": env.code, "style": env.style, "class_name": env.class_name, "data_var": env.data_var,
-            "initial_state": env.initial_state, "tools": [t.name for t in env.tools]}
+    payload = {"code": env.code, "style": env.style, "class_name": env.class_name, "data_var": env.data_var,
+               "initial_state": env.initial_state, "tools": [t.name for t in env.tools]}
+    if env.modules:  # format 2: each module in its own namespace (the key is absent for format 1: same address)
+        payload["modules"] = [m.model_dump(mode="json") for m in env.modules]
+    return payload
 
 
 def model_written(env: Environment) -> bool:
     """Whether the environment's provenance says a model (not a person or the offline generator) wrote its code."""
     prov = env.provenance
-    return prov is not None and (prov.model is not None or prov.backend not in MODEL_FREE_BACKENDS)
+    return prov is not None and prov.backend not in MODEL_FREE_BACKENDS
 
 
 def _observation(reply: dict[str, Any], duration: float) -> ToolObservation:
@@ -256,7 +261,8 @@ class Pool:
         if hit is not None and hit.env is env:
             self._templates.move_to_end(env.id)
             return hit
-        blob = json.dumps(_payload(env), ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
+        # key order kept: tool code iterates its state's dicts (BFCL's file system lists a directory in its order)
+        blob = json.dumps(_payload(env), ensure_ascii=False, separators=(",", ":")).encode()
         made = Template(hashlib.sha256(blob).hexdigest(), blob, env)
         self._templates[env.id] = made
         while len(self._templates) > TEMPLATE_MEMO:
@@ -376,7 +382,27 @@ class Pool:
     async def call(
         self, session: Session, tool: str, args: dict[str, Any] | None = None, *, timeout_s: float | None = None
     ) -> ToolObservation:
-        """Run one tool call in the session: an observation, or an EnvironmentFailure when the sandbox failed."""
+        """Run one tool call in the session: an observation, or an EnvironmentFailure when the sandbox failed.
+
+        A tool hidden at the session's `turn` (format 2 `tool_turns`) is unknown to the agent, as is the harness's
+        state request: both are an `error` observation, and nothing runs."""
+        visible = [t.name for t in session.env.visible_tools(session.turn)]
+        if tool == STATE_TOOL or (session.env.tool_turns and tool in session.tools and tool not in visible):
+            return ToolObservation(outcome="error", error=f"unknown tool {tool!r}; available: {', '.join(visible)}")
+        return await self._call(session, tool, args, timeout_s=timeout_s)
+
+    async def state(self, session: Session) -> Any:
+        """The session's state, for the harness only (never an agent tool, never counted as a call): each namespace's
+        public instance attributes or state global as JSON (`worker.execution.Tools.snapshot`). Raises SandboxError
+        when the state could not be read or is larger than `output_limit_bytes`."""
+        obs = await self._call(session, STATE_TOOL, {}, count=False)
+        if obs.outcome != "ok" or obs.truncated:
+            reason = "is larger than sandbox.output_limit_bytes" if obs.truncated else f"could not be read: {obs.error}"
+            raise SandboxError(f"the state of session {session.id} ({session.env.name}) {reason}")
+        return json.loads(obs.output)
+
+    async def _call(self, session: Session, tool: str, args: dict[str, Any] | None = None, *,
+                    timeout_s: float | None = None, count: bool = True) -> ToolObservation:
         if session.closed:
             raise SandboxError(f"session {session.id} is closed")
         if self._closed:
@@ -424,7 +450,7 @@ class Pool:
         if reply.get("failure"):
             session.resets += 1
             raise FAILURES.get(reply["failure"], EnvironmentFailure)(reply.get("error") or reply["failure"])
-        session.calls += 1
+        session.calls += count
         return _observation(reply, time.monotonic() - started)
 
     async def close(self, session: Session) -> None:
@@ -512,7 +538,18 @@ async def run_calls(
     pool: Pool, env: Environment, calls: Sequence[GoldCall | tuple[str, dict[str, Any]] | dict[str, Any]]
 ) -> list[ToolObservation]:
     """Run `calls` in order in a fresh session of `env` (closed afterwards). Raises EnvLoadError if the code won't load."""
+    return (await replay(pool, env, calls, read_state=False))[0]
+
+
+async def replay(
+    pool: Pool, env: Environment, calls: Sequence[GoldCall | tuple[str, dict[str, Any]] | dict[str, Any]],
+    read_state: bool = True,
+) -> tuple[list[ToolObservation], Any]:
+    """Run `calls` in order in a fresh session of `env` with every tool visible (a replay is not an episode) and
+    read the session's final state (`Pool.state`, None when `read_state` is false); the session is closed afterwards."""
     session = await pool.open(env)
+    if env.tool_turns:
+        session.turn = max(env.tool_turns.values())
     try:
         out = []
         for call in calls:
@@ -523,6 +560,6 @@ async def run_calls(
             else:
                 tool, args = call["tool"], call.get("arguments", call.get("args", {}))
             out.append(await pool.call(session, tool, args))
-        return out
+        return out, (await pool.state(session) if read_state else None)
     finally:
         await pool.close(session)

@@ -123,3 +123,100 @@ def export(
     root = Path(out or Path(st.config.out_dir) / "envs")
     held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
     typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))
+
+
+import_app = typer.Typer(help="Import others' environments into the warehouse, each with its own native check.",
+                         no_args_is_help=True)
+app.add_typer(import_app, name="import")
+
+
+def _json_option(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{option} is not JSON: {err}") from None
+
+
+@import_app.command("python")
+def import_python_cmd(
+    ctx: typer.Context,
+    sources: list[str] = typer.Argument(..., help="PATH or PATH:Class of your tool code (several: each its own namespace)."),
+    tools: str = typer.Option(None, "--tools", help="OpenAI tool documents (JSON); default: derived from the typed "
+                                                   "signatures and docstrings."),
+    initial_state: str = typer.Option(None, "--state", help="Initial state (JSON file; keyed by Class/stem when several)."),
+    calls: str = typer.Option(None, "--calls", help="Gold calls (JSON list of {tool, arguments}): replayed, and the "
+                                                    "final state's hash kept as the native check."),
+    init_args: str = typer.Option(None, "--init-args", help="Constructor keyword arguments (JSON object)."),
+    load_args: str = typer.Option(None, "--load-args", help="Extra loader keyword arguments (JSON object)."),
+    name: str = typer.Option(None, "--name", help="Environment name (default python-<names>)."),
+    suite: str = typer.Option("python", "--suite", help="Suite name, for `arenaforge eval --suite`."),
+    question: str = typer.Option(None, "--question", help="The task prompt the agent is given."),
+    backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
+) -> None:
+    """Import your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
+    import asyncio
+
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.tasks.envs.import_python import (
+        import_environment, python_environment, read_calls, read_source, read_tool_docs)
+
+    st = state(ctx)
+    read = [read_source(s) for s in sources]
+    state_value = _json_option(Path(initial_state).read_text(encoding="utf-8"), "--state") if initial_state else None
+    if initial_state and not isinstance(state_value, dict):
+        raise InputError(f"{initial_state}: the initial state must be a JSON object")
+    env = python_environment(read, name=name, tool_docs=read_tool_docs(tools) if tools else None,
+                             initial_state=state_value, calls=read_calls(calls) if calls else [],
+                             init_args=_json_option(init_args, "--init-args"), load_args=_json_option(load_args, "--load-args"),
+                             question=question)
+    cfg = st.config.sandbox.model_copy(update={"pool_size": 1, **({"backend": backend} if backend else {})})
+
+    async def go() -> Any:
+        async with await create_pool(cfg) as pool:
+            return await import_environment(pool, env, suite, read)
+
+    imported = asyncio.run(go())
+    st.warehouse().upsert([imported])
+    typer.echo(json.dumps({"id": imported.id, "name": imported.name, "suite": suite, "tools": [t.name for t in imported.tools],
+                           "gold_calls": len(imported.calls), "gold_state_sha256": imported.native.gold_state_sha256,
+                           "source": imported.native.source}, indent=2))
+
+
+@import_app.command("bfcl")
+def import_bfcl_cmd(
+    ctx: typer.Context,
+    category: list[str] = typer.Option(["base", "miss_param", "miss_func", "long_context"], "--category",
+                                       help="BFCL multi-turn category (repeatable)."),
+    data: str = typer.Option(None, "--data", help="An unpacked bfcl_eval package (default: the installed bfcl-eval)."),
+    limit: int = typer.Option(None, "--limit", help="At most this many tasks per category."),
+    backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
+) -> None:
+    """Import BFCL multi-turn tasks as environments (suite bfcl_multi_turn_<category>), each replayed in the sandbox
+    to keep BFCL's own checks (per-turn state and responses) beside our F1; tasks that cannot run are rejection rows."""
+    import asyncio
+    from collections import Counter
+
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+
+    st = state(ctx)
+    source = locate(data)
+    # BFCL returns whole files and long_context states are megabytes: neither may be cut
+    cfg = st.config.sandbox.model_copy(update={"output_limit_bytes": max(st.config.sandbox.output_limit_bytes, 8 << 20),
+                                               **({"backend": backend} if backend else {})})
+
+    async def go() -> Any:
+        async with await create_pool(cfg) as pool:
+            return await import_suite(pool, source, list(category), limit)
+
+    envs, rejections = asyncio.run(go())
+    wh = st.warehouse()
+    wh.upsert([*envs, *rejections])
+    by_suite = Counter(e.native.suite for e in envs)
+    typer.echo(json.dumps({"bfcl_eval": source.version, "imported": dict(by_suite),
+                           "rejected": dict(Counter(f"{r.reason}" for r in rejections)),
+                           "rejected_examples": [f"{r.subject}: {r.detail[:160]}" for r in rejections[:3]]}, indent=2))
+    if not envs:
+        raise typer.Exit(2)

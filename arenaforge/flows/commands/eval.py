@@ -8,7 +8,24 @@ import typer
 
 from arenaforge.flows.context import run_flow, state
 
-app = typer.Typer(help="Evaluate a policy on held-out environments.", no_args_is_help=True)
+app = typer.Typer(help="Evaluate a policy on held-out environments, or on an imported suite (--suite).",
+                  invoke_without_command=True)
+
+
+@app.callback()
+def suite_shortcut(
+    ctx: typer.Context,
+    suite: str = typer.Option(None, "--suite", help="`arenaforge eval --suite NAME` = `arenaforge eval run --suite NAME`."),
+) -> None:
+    """Evaluate a policy on held-out environments, or on an imported suite (--suite)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if not suite:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    command = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    defaults = {p.name: p.get_default(ctx) for p in command.params if p.name}
+    run_cmd(ctx, **{**defaults, "suite": suite})
 
 
 @app.command("run")
@@ -20,14 +37,18 @@ def run_cmd(
     served_model: str = typer.Option(None),
     samples: int = typer.Option(1, help="Episodes per environment."),
     env_limit: int = typer.Option(None, help="At most this many environments."),
-    split: str = typer.Option("test", help="test (default), train or all."),
+    split: str = typer.Option(None, help="test (default; all with --suite), train or all."),
     max_turns: int = typer.Option(4, help="Assistant turns per episode (training's limit by default)."),
     max_length: int = typer.Option(384, help="Response tokens per episode."),
     max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
     temperature: float = typer.Option(0.0, help="0 = greedy."), concurrency: int = typer.Option(32),
     seed: int = typer.Option(0),
+    suite: str = typer.Option(None, "--suite", help="An imported suite (`arenaforge envs import`): its environments, "
+                                                    "every split unless --split is given, scored with its native "
+                                                    "metric beside our F1."),
 ) -> None:
-    """Mean F1, recall, precision, calls per task and failure reasons; stored as an eval_runs row."""
+    """Mean F1, recall, precision, calls per task and failure reasons (and an imported suite's native metric);
+    stored as an eval_runs row."""
     from arenaforge.flows.train_flows import evaluate
     from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, EvalParams
 
@@ -35,7 +56,7 @@ def run_cmd(
     params = EvalParams(
         config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
         policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
-        envs=EnvSelection(limit=env_limit, split=split),
+        envs=EnvSelection(limit=env_limit, split=split or ("all" if suite else "test"), suite=suite),
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )
@@ -43,4 +64,5 @@ def run_cmd(
     typer.echo(json.dumps(result, indent=2, default=str))
     from arenaforge.flows.commands.train import print_eval_table
 
-    print_eval_table({result.get("policy", "policy"): result}, title=f"{params.envs.split} split")
+    print_eval_table({result.get("policy", "policy"): result},
+                     title=f"suite {suite} (native {result.get('native')})" if suite else f"{params.envs.split} split")

@@ -86,11 +86,14 @@ def check(
     env_dir: str = typer.Argument(..., help="Environment package directory."),
     backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
 ) -> None:
-    """Run the package's gold calls in a fresh session and report whether each returns its gold answer."""
+    """Run the package's gold calls in a fresh session and report whether each returns its gold answer.
+
+    A call passes when it ran and its output matches its gold answer; a call without a gold answer (or a blank one)
+    also passes when the tool returned None (`no_output`). Errors, timeouts and limits fail."""
     import asyncio
 
     from arenaforge.environments.package import read_package
-    from arenaforge.environments.reward import normalise
+    from arenaforge.environments.reward import gold_call_passes
     from arenaforge.environments.runtime import create_pool, run_calls
 
     env = read_package(env_dir)
@@ -105,8 +108,7 @@ def check(
     observations = asyncio.run(go())
     failed = 0
     for call, obs in zip(env.calls, observations, strict=True):
-        matched = call.answer is None or normalise(call.answer) in normalise(obs.output)
-        passed = obs.outcome == "ok" and matched
+        passed = gold_call_passes(call.answer, obs.outcome, obs.output)
         failed += not passed
         typer.echo(json.dumps({"tool": call.tool, "outcome": obs.outcome, "gold": call.answer, "passed": passed,
                                "output": obs.output[:200], "error": (obs.error or "")[-400:] or None}))

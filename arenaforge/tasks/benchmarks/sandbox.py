@@ -13,7 +13,9 @@ environment with a `state_mb` JSON state (`retail_state`): the first open (the s
 a worker and parsed there), `state_opens` opens one after another as episodes come (open, a call,
 close, 20 ms) and as many back to back, and `state_concurrency` opens at once, twice. Goals (docs/SANDBOX.md): >= 1000 trivial calls/s and p99 <= 50 ms at concurrency 64,
 >= 100x the throughput of a docker run per call; a 7 MB state opens in <= 20 ms (p50), and 64
-concurrent opens all succeed.
+concurrent opens all succeed. Then `large_module`: opens and whole episodes (open, 8 calls, close) of a
+BFCL-size class module (`module_kb` of code, `large_module`), through the zygote's per-version template
+beside a new version at every open (parsed and compiled each time), in the same pool; goal: open p50 <= 5 ms.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ async def main(
     state_mb: float = 7.0,
     state_opens: int = 50,
     state_concurrency: int = 64,
+    module_kb: float = 240.0,
+    module_opens: int = 40,
 ) -> dict:
     """Pool vs docker-run vs subprocess per call (calls/s, p50/p99 at each concurrency level); opens of a 7 MB-state env."""
     import asyncio
@@ -137,6 +141,8 @@ async def main(
                     out[workload][str(conc)] = {**_stats(latencies, elapsed, conc), "failed": bad}
             if state_mb > 0:
                 out["stateful"] = await bench_state(pool)
+            if module_kb > 0:
+                out["large_module"] = await bench_module(pool)
             info = dict(pool.info)
         return out, info
 
@@ -181,6 +187,48 @@ async def main(
             "open_concurrent_again": rounds[1],
             "templates_loaded": pool.stats()["templates"],
         }
+
+    async def bench_module(pool: Any) -> dict[str, Any]:
+        """Opens and whole episodes of a BFCL-size (240 KB) tool module: the runtime as it is (the zygote compiled
+        the code once; sessions fork from it, a spare is forked ahead) beside a new version at every open (the code
+        parsed and compiled at every open, as a runtime without a per-version template does), in the same pool."""
+        from arenaforge.tasks.benchmarks.large_module import large_module_environment
+
+        big = large_module_environment(int(module_kb * 1000))
+        versions = iter(range(10**9))
+
+        def fresh() -> Any:  # same code plus a comment: a new content address, so nothing is reused
+            return big.model_copy(update={"code": f"{big.code}\n# version {next(versions)}\n"})
+
+        async def episodes(make: Any) -> dict[str, Any]:
+            opens, calls, t0 = [], 0, time.perf_counter()
+            for _ in range(module_opens):  # as episodes come: open, the gold calls, close
+                env = make()
+                latency, session = await timed(pool.open(env))
+                opens.append(latency)
+                for call in env.calls:
+                    calls += (await pool.call(session, call.tool, call.arguments)).outcome in ("ok", "no_output")
+                await pool.close(session)
+            elapsed = time.perf_counter() - t0
+            return {"open": _stats(opens, sum(opens), 1), "calls_ok": calls,
+                    "episode_calls_per_s": round(calls / elapsed, 1) if elapsed > 0 else float("nan")}
+
+        t0 = time.perf_counter()
+        first = await pool.open(big)
+        first_ms = (time.perf_counter() - t0) * 1000
+        await pool.close(first)
+        cached = await episodes(lambda: big)
+        back_to_back = []
+        for _ in range(module_opens):
+            latency, session = await timed(pool.open(big))
+            back_to_back.append(latency)
+            await pool.close(session)
+        uncached = await episodes(fresh)
+        return {"code_bytes": len(big.code), "calls_per_episode": len(big.calls), "first_open_ms": round(first_ms, 1),
+                "template": cached, "template_open_back_to_back": _stats(back_to_back, sum(back_to_back), 1),
+                "compile_every_open": uncached,
+                "open_p50_speedup": round(uncached["open"]["p50_ms"] / max(cached["open"]["p50_ms"], 1e-9), 1),
+                "episode_calls_per_s_ratio": round(cached["episode_calls_per_s"] / max(uncached["episode_calls_per_s"], 1e-9), 1)}
 
     async def timed(coro: Any) -> tuple[float, Any]:
         t0 = time.perf_counter()
@@ -241,6 +289,7 @@ async def main(
 
     result = await run_all()  # the bench command runs this coroutine in its event loop
     result["stateful"] = result["pool"].pop("stateful", None)
+    result["large_module"] = result["pool"].pop("large_module", None)
     ratios: dict[str, Any] = {}
     for other in ("docker_run", "subprocess"):
         if not result.get(other):
@@ -266,6 +315,9 @@ async def main(
         goals["state_open_p50_ms<=20"] = state["open_one_by_one"]["p50_ms"] <= 20
         goals[f"{state_concurrency}_concurrent_opens_all_succeed"] = all(
             state[k]["succeeded"] == state_concurrency for k in ("open_concurrent", "open_concurrent_again"))
+    module = result["large_module"]
+    if module:
+        goals["large_module_open_p50_ms<=5"] = module["template"]["open"]["p50_ms"] <= 5
     result["goals"] = goals
     _print_table(result)
     return result
@@ -292,6 +344,14 @@ def _print_table(result: dict[str, Any]) -> None:
         for label in ("open_concurrent", "open_concurrent_again"):
             c = state[label]
             rows.append(f"stateful {label}: {c['succeeded']} of {c['concurrency']} opened, p50/p99 {c['p50_ms']}/{c['p99_ms']} ms")
+    module = result.get("large_module")
+    if module:
+        t, u = module["template"], module["compile_every_open"]
+        rows.append(f"large module ({module['code_bytes'] / 1e3:.0f} KB code): first open {module['first_open_ms']} ms; "
+                    f"open p50/p99 {t['open']['p50_ms']}/{t['open']['p99_ms']} ms (back to back p50 "
+                    f"{module['template_open_back_to_back']['p50_ms']} ms), episodes {t['episode_calls_per_s']} calls/s; "
+                    f"compiled at every open: open p50/p99 {u['open']['p50_ms']}/{u['open']['p99_ms']} ms, "
+                    f"episodes {u['episode_calls_per_s']} calls/s")
     for name, by_workload in result.get("ratios", {}).items():
         for workload, by_conc in by_workload.items():
             rows.append(f"{name} {workload}: " + ", ".join(f"c={c}: {r}x" for c, r in by_conc.items()))

@@ -130,6 +130,7 @@ services:
 
 
 def _task_toml(env: Environment) -> str:
+    made = "\n".join(f"{k} = {json.dumps(v)}" for k, v in env.lineage().items() if k != "record_id")
     return textwrap.dedent(f'''\
         version = "1.0"
 
@@ -139,6 +140,7 @@ def _task_toml(env: Environment) -> str:
         qa_id = "{env.qa_id or ''}"
         category = "tool-use"
         tags = ["arenaforge", "astra-rl"]
+
         # environment/docker-compose.yaml adds the `tools` service: run with Harbor's docker environment
 
         [verifier]
@@ -149,7 +151,7 @@ def _task_toml(env: Environment) -> str:
 
         [environment]
         build_timeout_sec = 600.0
-        ''')
+        ''') + f"\n[metadata.provenance]\n{made}\n"
 
 
 def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str = BASE_IMAGE) -> list[Path]:

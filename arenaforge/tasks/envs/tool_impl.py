@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.contracts import check_json_schema, validate_against
 from arenaforge.schemas.ids import canonical_json
 from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, QAInstance, Verification
@@ -81,7 +82,16 @@ def assemble(qa: QAInstance, tools: list[ToolImpl], extra: list[ToolImpl], distr
         question=qa.main_question,
         verification=verification,
         parents=[qa.id],
+        provenance=_provenance(qa, tools),
     )
+
+
+def _provenance(qa: QAInstance, tools: list[ToolImpl]) -> Provenance:
+    """The QA's model and prompt, the tools' writer as backend, the knowledge source."""
+    made = qa.provenance
+    return Provenance(backend=tools[0].origin if tools else (made.backend if made else "offline"),
+                      model=made.model if made else None, prompt_hash=made.prompt_hash if made else None,
+                      source=qa.source)
 
 
 def stdlib_only(code: str) -> list[str]:

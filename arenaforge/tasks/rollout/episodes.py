@@ -55,6 +55,8 @@ class SandboxPool(Protocol):
 
     async def close(self, session: Any) -> None: ...
 
+    # and, for environments with a native check (Environment.native): `async def state(self, session) -> Any`
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -132,26 +134,62 @@ def initial_messages(env: Environment, system_prompt: str | None) -> list[ChatMe
 
 
 def prompt_token_ids(tokenizer: Any, env: Environment, messages: Sequence[ChatMessage]) -> list[int]:
-    tools = [t.as_openai_tool() for t in env.tools]
+    tools = [t.as_openai_tool() for t in env.visible_tools(0)]  # a tool revealed later is announced at its turn
     rendered = tokenizer.apply_chat_template(
         [m.model_dump(exclude_none=True) for m in messages], tools=tools, add_generation_prompt=True, tokenize=False
     )
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
+ADDED_TOOLS_PROMPT = "I have updated some more functions you can choose from. What about now?"  # BFCL's words
+
+
+def user_turns(env: Environment) -> list[str]:
+    """The user's messages, one per user turn: the question, or an imported multi-turn suite's turns (a turn with no
+    message that reveals tools says so, as BFCL does)."""
+    native = env.native
+    if native is None or native.kind != "bfcl_multi_turn" or not native.turns:
+        return [env.question or "Answer the question using the tools."]
+    out = []
+    for index, turn in enumerate(native.turns):
+        text = "\n".join(str(m.get("content", "")) for m in turn.get("messages", []) if m.get("role") == "user")
+        revealed = [t for t in env.tools if env.tool_turns.get(t.name) == index and index > 0]
+        if revealed:
+            docs = json.dumps([t.as_openai_tool() for t in revealed], ensure_ascii=False)
+            text = f"{text}\n\n{ADDED_TOOLS_PROMPT}\n{docs}".strip() if text else f"{ADDED_TOOLS_PROMPT}\n{docs}"
+        out.append(text)
+    return out
+
+
+def render_user_turn(text: str) -> str:
+    """The tokens of a further user turn after the assistant's end token, up to the next generation prompt."""
+    return f"\n<|im_start|>user\n{text}{IM_END}\n<|im_start|>assistant\n"
+
+
 async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, env: Environment,
                       cfg: RolloutConfig, *, group: str | None = None, sample: int = 0) -> Episode:
-    """One episode of `env` under `engine`; never raises for sandbox failures (status env_failure)."""
-    tool_names = [t.name for t in env.tools]
+    """One episode of `env` under `engine`; never raises for sandbox failures (status env_failure).
+
+    An imported multi-turn suite's later user turns follow the assistant's final answer of the turn before (or its
+    last allowed step: `max_turns` assistant turns per user turn); its tools appear at their turn. With a native
+    check, the suite's own verdict is taken from the session (`Pool.state`) before it closes."""
+    from arenaforge.environments.native import bfcl_turn_verdict, result_text, state_hash_verdict
+
+    native = env.native
+    prompts = user_turns(env)
     messages = initial_messages(env, cfg.system_prompt)
+    if len(prompts) > 1:
+        messages[-1] = ChatMessage(role="user", content=prompts[0])
     prompt_ids = prompt_token_ids(tokenizer, env, messages)
     response_ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
     received: list[str] = []
+    results: list[str] = []  # every call's result as the suite compares it
     calls = tool_errors = format_errors = turns = 0
     gen_s = tool_s = 0.0
     status, failure = "max_turns", None
+    verdict = None
     stop_id = tokenizer.convert_tokens_to_ids(IM_END)
 
     try:
@@ -160,66 +198,99 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
         return _episode(env, engine, group, sample, messages, prompt_ids, [], [], [], received, 0, 0, 0,
                         "env_failure", f"open: {err}", 0.0, 0.0, 0)
     try:
-        for turn in range(cfg.max_turns):
-            budget = cfg.max_length - len(response_ids)
-            if budget <= 0:
-                status = "max_length"
+        ended = False  # the response budget is spent: no further user turn
+        for user_turn, prompt in enumerate(prompts):
+            if user_turn > 0:
+                ids = tokenizer.encode(render_user_turn(prompt), add_special_tokens=False)
+                if len(response_ids) + len(ids) >= cfg.max_length:
+                    status = "max_length"
+                    break
+                response_ids += ids
+                mask += [0] * len(ids)
+                logprobs += [0.0] * len(ids)
+                messages.append(ChatMessage(role="user", content=prompt))
+            if hasattr(session, "turn"):
+                session.turn = user_turn
+            tool_names = [t.name for t in env.visible_tools(user_turn)]
+            turn_results: list[str] = []
+            status = "max_turns"
+            for step in range(cfg.max_turns):
+                budget = cfg.max_length - len(response_ids)
+                if budget <= 0:
+                    status, ended = "max_length", True
+                    break
+                params = SamplingParams(
+                    max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
+                    stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turns,
+                )
+                started = time.perf_counter()
+                gen = await engine.generate(prompt_ids + response_ids, params)
+                gen_s += time.perf_counter() - started
+                turn = turns
+                turns += 1
+                response_ids += gen.token_ids
+                mask += [1] * len(gen.token_ids)
+                logprobs += gen.logprobs
+                text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+                if text.endswith(IM_END):
+                    text = text[: -len(IM_END)]
+                parsed = parse_tool_calls(text, tool_names)
+                messages.append(_assistant_message(text, parsed, turn))
+                if gen.finish_reason == "length":
+                    status, ended = "max_length", True
+                    break
+                if not parsed:
+                    status = "finished"
+                    break
+                observations: list[str] = []
+                started = time.perf_counter()
+                for index, call in enumerate(parsed):
+                    calls += 1
+                    if call.error is not None:
+                        format_errors += 1
+                        observation = f"Error: {call.error}"
+                    else:
+                        result = await pool.call(session, call.name or "", call.arguments)
+                        if result.outcome in FAILED_OUTCOMES:
+                            tool_errors += 1
+                        observation = result.text()
+                        received.append(observation)
+                        turn_results.append(result_text(result))
+                    observations.append(observation)
+                    messages.append(ChatMessage(role="tool", content=observation, tool_call_id=f"call_{turn}_{index}",
+                                                name=call.name))
+                tool_s += time.perf_counter() - started
+                obs_ids = tokenizer.encode(render_observations(observations), add_special_tokens=False)
+                if len(response_ids) + len(obs_ids) >= cfg.max_length:
+                    status, ended = "max_length", True
+                    break
+                response_ids += obs_ids
+                mask += [0] * len(obs_ids)
+                logprobs += [0.0] * len(obs_ids)
+            results += turn_results
+            if native is not None and native.kind == "bfcl_multi_turn" and (verdict is None or verdict.passed):
+                verdict = bfcl_turn_verdict(native, user_turn, await pool.state(session), turn_results, results)
+            if ended:
                 break
-            params = SamplingParams(
-                max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
-                stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turn,
-            )
-            started = time.perf_counter()
-            gen = await engine.generate(prompt_ids + response_ids, params)
-            gen_s += time.perf_counter() - started
-            turns += 1
-            response_ids += gen.token_ids
-            mask += [1] * len(gen.token_ids)
-            logprobs += gen.logprobs
-            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-            if text.endswith(IM_END):
-                text = text[: -len(IM_END)]
-            parsed = parse_tool_calls(text, tool_names)
-            messages.append(_assistant_message(text, parsed, turn))
-            if gen.finish_reason == "length":
-                status = "max_length"
-                break
-            if not parsed:
-                status = "finished"
-                break
-            observations: list[str] = []
-            started = time.perf_counter()
-            for index, call in enumerate(parsed):
-                calls += 1
-                if call.error is not None:
-                    format_errors += 1
-                    observation = f"Error: {call.error}"
-                else:
-                    result = await pool.call(session, call.name or "", call.arguments)
-                    if result.outcome in FAILED_OUTCOMES:
-                        tool_errors += 1
-                    observation = result.text()
-                    received.append(observation)
-                observations.append(observation)
-                messages.append(ChatMessage(role="tool", content=observation, tool_call_id=f"call_{turn}_{index}",
-                                            name=call.name))
-            tool_s += time.perf_counter() - started
-            obs_ids = tokenizer.encode(render_observations(observations), add_special_tokens=False)
-            if len(response_ids) + len(obs_ids) >= cfg.max_length:
-                status = "max_length"
-                break
-            response_ids += obs_ids
-            mask += [0] * len(obs_ids)
-            logprobs += [0.0] * len(obs_ids)
+        if native is not None and native.kind == "bfcl_multi_turn":
+            for later in range(user_turn + 1, len(prompts)):  # turns the budget never reached: no response in them
+                if verdict is None or verdict.passed:
+                    verdict = bfcl_turn_verdict(native, later, None, [], results)
+        if native is not None and native.kind == "state_hash":
+            verdict = state_hash_verdict(native, await pool.state(session))
     except SandboxError as err:
-        status, failure = "env_failure", f"call: {err}"
+        status, failure, verdict = "env_failure", f"call: {err}", None
     finally:
         try:
             await pool.close(session)
         except SandboxError as err:  # a failed close loses nothing the episode produced
             failure = failure or f"close: {err}"
-    return _episode(env, engine, group, sample, messages, prompt_ids, response_ids, mask, logprobs, received,
-                    calls, tool_errors, format_errors, status, failure, gen_s, tool_s, turns)
+    episode = _episode(env, engine, group, sample, messages, prompt_ids, response_ids, mask, logprobs, received,
+                       calls, tool_errors, format_errors, status, failure, gen_s, tool_s, turns)
+    if verdict is not None:
+        episode.rollout = Rollout.model_validate({**episode.rollout.model_dump(), "id": "", "native_passed": verdict.passed,
+                                                  "native_reason": verdict.reason})
+    return episode
 
 
 def _assistant_message(text: str, parsed: Sequence[ParsedCall], turn: int) -> ChatMessage:

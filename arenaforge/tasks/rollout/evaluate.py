@@ -2,7 +2,7 @@
 
 Runs `samples` episodes per environment through the same rollout loop as training and
 reduces them to one `EvalRun`: mean F1, recall, precision and calls per task over scored
-episodes (environment failures are reported, never scored as 0), episode counts per status,
+episodes, and for an imported suite its own metric (`native`: the share of episodes its native check passed) (environment failures are reported, never scored as 0), episode counts per status,
 and why episodes failed.
 """
 
@@ -37,8 +37,9 @@ def _reason(r: Rollout) -> str | None:
 
 
 def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids: Sequence[str], samples: int,
-              started_at: str, run_id: str | None = None, label: str | None = None) -> EvalRun:
+              started_at: str, run_id: str | None = None, label: str | None = None, suite: str | None = None) -> EvalRun:
     scored = [r for r in rollouts if r.status != "env_failure"]
+    judged = [r for r in scored if r.native_passed is not None]  # episodes whose environment has a native check
 
     def mean(values: list[float]) -> float:
         return float(statistics.fmean(values)) if values else 0.0
@@ -50,18 +51,19 @@ def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids:
         format_errors_per_task=mean([float(r.format_errors) for r in scored]), label=label,
         statuses=dict(Counter(r.status for r in rollouts)),
         failure_reasons=dict(Counter(reason for r in rollouts if (reason := _reason(r)))),
-        started_at=started_at, run_id=run_id,
+        started_at=started_at, run_id=run_id, suite=suite,
+        native=mean([float(r.native_passed) for r in judged]) if judged else None,
     )
 
 
 async def evaluate(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
-                   cfg: EvalConfig = EvalConfig(), run_id: str | None = None, label: str | None = None
-                   ) -> tuple[EvalRun, list[Rollout]]:
+                   cfg: EvalConfig = EvalConfig(), run_id: str | None = None, label: str | None = None,
+                   suite: str | None = None) -> tuple[EvalRun, list[Rollout]]:
     """(summary, rollouts) of `engine` on `envs`; rollouts carry `run_id` for storage."""
     started_at = datetime.now(UTC).isoformat(timespec="microseconds")
     episodes = await run_rollouts(engine, tokenizer, pool, envs, cfg.rollout, samples=cfg.samples,
                                   concurrency=cfg.concurrency)
     rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in episodes]
     summary = summarise(rollouts, policy=engine.policy, engine=engine.name, env_ids=[e.id for e in envs],
-                        samples=cfg.samples, started_at=started_at, run_id=run_id, label=label)
+                        samples=cfg.samples, started_at=started_at, run_id=run_id, label=label, suite=suite)
     return summary, rollouts

@@ -17,20 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from arenaforge.environments.runtime.errors import EnvironmentFailure
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import Config
-from arenaforge.schemas.errors import ProviderError, SandboxError
+from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool, ToolChain, Trajectory
 from arenaforge.schemas.reasons import RejectReason
 from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
-
-
-class EnvironmentFailure(SandboxError):
-    """A tool call failed because its infrastructure did (the MCP server or sandbox worker, not the tool's answer,
-    not the agent's call)."""
 
 
 @dataclass
@@ -99,7 +95,7 @@ class Agent:
                                                 content=f"Error: invalid arguments ({err})"))
                     continue
                 result = await executor.call(call.function.name, args)
-                if result.environment_failure:
+                if result.environment_failure:  # the MCP server or the sandbox failed, not the tool nor the agent
                     raise EnvironmentFailure(f"{call.function.name}: {result.observation.error or result.observation.outcome}")
                 messages.append(ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
                                             content=result.observation.text()))

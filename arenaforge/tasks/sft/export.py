@@ -9,7 +9,9 @@ run only or above a stricter score. `sft.jsonl` is the format the field trains o
                    "function": {"name": "...", "arguments": "{...}"}}]},
                   {"role": "tool", "tool_call_id": "...", "name": "...", "content": "..."}, ...],
      "tools": [{"type": "function", "function": {"name": "...", "description": "...", "parameters": {...}}}],
-     "id": "...", "server": "...", "score": 0.91}
+     "id": "...", "server": "...", "score": 0.91,
+     "provenance": {"record_id": "...", "run_id": "...", "backend": "openai", "model": "...", "prompt_hash": "...",
+                    "source": "<server>"}}
 
 A message carries only the keys that apply to its role (no null keys); `content` is always a
 string; `arguments` is the JSON string OpenAI sends. `sft.parquet` holds the same rows, except
@@ -39,8 +41,9 @@ _CALL = pa.struct([("id", pa.string()), ("type", pa.string()),
                    ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
 _MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_calls", pa.list_(_CALL)),
                       ("tool_call_id", pa.string()), ("name", pa.string())])
+_LINEAGE = pa.struct([(k, pa.string()) for k in ("record_id", "run_id", "backend", "model", "prompt_hash", "source")])
 SCHEMA = pa.schema([("messages", pa.list_(_MESSAGE)), ("tools", pa.string()), ("id", pa.string()),
-                    ("server", pa.string()), ("score", pa.float64())])
+                    ("server", pa.string()), ("score", pa.float64()), ("provenance", _LINEAGE)])
 
 
 def kept_trajectories(wh: Warehouse, run_id: str | None = None, min_score: float | None = None
@@ -64,9 +67,9 @@ def openai_message(m: ChatMessage) -> dict[str, Any]:
 
 
 def sft_row(t: Trajectory, score: float) -> dict[str, Any]:
-    """The JSONL row: OpenAI messages + tools, then id/server/score."""
+    """The JSONL row: OpenAI messages + tools, then id/server/score and where it came from."""
     return {"messages": [openai_message(m) for m in t.messages], "tools": [f.as_openai_tool() for f in t.tools],
-            "id": t.id, "server": t.server, "score": score}
+            "id": t.id, "server": t.server, "score": score, "provenance": t.lineage(source=t.server)}
 
 
 def _parquet_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -69,8 +69,29 @@ def _type_of(schema: Any) -> str | None:
     return t if isinstance(t, str) else None
 
 
+# Derived views of a tool, keyed by its content id (the same id is the same content, so never stale); chain
+# sampling and the prompts of every vote ask for them thousands of times per server.
+_DERIVED_MAX = 65536
+_OUTPUT_FIELDS: dict[str, tuple[SchemaField, ...]] = {}
+_TOOL_LINES: dict[str, str] = {}
+
+
+def _remember(cache: dict[str, Any], key: str, value: Any) -> Any:
+    if len(cache) >= _DERIVED_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def output_fields(tool: Tool) -> list[SchemaField]:
     """Leaf and object fields of the tool's response schema (nested objects and array items included)."""
+    hit = _OUTPUT_FIELDS.get(tool.id)
+    if hit is None:
+        hit = _remember(_OUTPUT_FIELDS, tool.id, tuple(_output_fields(tool)))
+    return list(hit)
+
+
+def _output_fields(tool: Tool) -> list[SchemaField]:
     found: list[SchemaField] = []
 
     def walk(schema: Any, depth: int) -> None:
@@ -174,9 +195,13 @@ def tool_lines(tools: Sequence[Tool]) -> str:
     """One line per tool for a prompt: name(parameters, * = required) -> output fields: description."""
     lines = []
     for t in tools:
-        params = ", ".join(f"{f.name}{'*' if f.required else ''}: {f.type or 'any'}" for f in param_fields(t))
-        outs = ", ".join(f.name for f in output_fields(t)[:8])
-        lines.append(f"- {t.function.name}({params}) -> {outs or 'see description'}: {t.function.description[:200]}")
+        line = _TOOL_LINES.get(t.id)
+        if line is None:
+            params = ", ".join(f"{f.name}{'*' if f.required else ''}: {f.type or 'any'}" for f in param_fields(t))
+            outs = ", ".join(f.name for f in output_fields(t)[:8])
+            line = _remember(_TOOL_LINES, t.id,
+                             f"- {t.function.name}({params}) -> {outs or 'see description'}: {t.function.description[:200]}")
+        lines.append(line)
     return "\n".join(lines)
 
 

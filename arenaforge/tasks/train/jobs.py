@@ -59,6 +59,8 @@ class EnvSelection(BaseModel):
                               description="Share of each stratum's near-duplicate groups held out as test, "
                               "for environments not yet assigned in the scheme.")
     split_seed: int = Field(default=0, description="Seed of the held-out group order.")
+    suite: str | None = Field(default=None, description="Only environments imported into this suite "
+                                                        "(`arenaforge envs import`; their native check is scored too).")
 
 
 class EpisodeParams(BaseModel):
@@ -205,6 +207,8 @@ def matching_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
     from arenaforge.tasks.train.splits import ensure_splits
 
     envs = wh.load(Environment)
+    if sel.suite:
+        envs = [e for e in envs if e.native is not None and e.native.suite == sel.suite]
     if sel.env_ids:
         wanted = set(sel.env_ids)
         envs = [e for e in envs if e.id in wanted or e.name in wanted]
@@ -277,8 +281,11 @@ async def eval_job(params: EvalParams) -> dict[str, Any]:
     cfg = config_for(params)
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
+    if any(e.native is not None for e in envs):  # an imported suite compares whole results and states: never cut them
+        cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
+            update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
     return await evaluate_policy(cfg, wh, params, model_path_for(params.model_path), envs, params.episode,
-                                 flow_params=params.model_dump(mode="json"))
+                                 flow_params=params.model_dump(mode="json"), suite=params.envs.suite)
 
 
 EVAL_COLUMNS = ("f1", "recall", "precision", "calls_per_task", "format_errors_per_task", "episodes")
@@ -286,7 +293,8 @@ EVAL_COLUMNS = ("f1", "recall", "precision", "calls_per_task", "format_errors_pe
 
 async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path: str, envs: Sequence[Environment],
                     episode: EpisodeParams, *, samples: int = 1, seed: int = 0, concurrency: int = 32,
-                    label: str | None = None, flow_params: dict[str, Any] | None = None) -> dict[str, Any]:
+                    label: str | None = None, flow_params: dict[str, Any] | None = None,
+                    suite: str | None = None) -> dict[str, Any]:
     """Roll out the policy at `path` on `envs` (an `eval` run); the EvalRun's numbers and ids."""
     from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 
@@ -301,13 +309,14 @@ async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path
         engine = engine_factory(policy.model_copy(update={"model_path": path}))(model, tokenizer)
         eval_cfg = EvalConfig(samples=samples, concurrency=concurrency, rollout=episode.rollout_config(seed))
         summary, rollouts = await _with_pool(cfg, lambda pool: evaluate(engine, tokenizer, pool, envs, eval_cfg,
-                                                                         run.id, label))
+                                                                         run.id, label, suite))
         rejections = env_failure_rejections(rollouts, "eval")
         counts["rollouts"] = wh.upsert([summary, *rollouts, *rejections]) - 1 - len(rejections)
         counts["episodes"] = summary.episodes
     return {"run_id": run.id, "eval_id": summary.id, "policy": path, **({"label": label} if label else {}),
             **{k: getattr(summary, k) for k in EVAL_COLUMNS}, "statuses": summary.statuses,
-            "failure_reasons": summary.failure_reasons}
+            "failure_reasons": summary.failure_reasons,
+            **({"suite": suite, "native": summary.native} if suite or summary.native is not None else {})}
 
 
 def _out_dir(cfg: Config, out_dir: str | None, experiment: str) -> Path:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from arenaforge.environments.reward import gold_call_passes
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, ToolCall, ToolObservation
 from arenaforge.tasks.rollout.episodes import DEFAULT_SYSTEM, SandboxPool, initial_messages
@@ -86,7 +87,8 @@ async def warmstart_examples(pool: SandboxPool, envs: Sequence[Environment], *, 
         except (SandboxError, OSError) as err:  # EnvLoadError is a SandboxError
             return Rejection(stage=STAGE, subject=env.id, reason="replay_failed", detail=str(err),
                              environment_failure=True, parents=[env.id])
-        bad = [(c.tool, o.outcome) for c, o in zip(env.calls, observations) if o.outcome != "ok"]
+        bad = [(c.tool, o.outcome) for c, o in zip(env.calls, observations)
+               if not gold_call_passes(None, o.outcome, o.output)]  # ran: a None result is a result
         if bad:
             return Rejection(stage=STAGE, subject=env.id, reason="gold_call_failed",
                              detail=", ".join(f"{t}: {o}" for t, o in bad), parents=[env.id])

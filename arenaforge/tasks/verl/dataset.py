@@ -85,6 +85,7 @@ def dataset_rows(envs: Sequence[Environment], names: dict[tuple[str, str], str],
                 "index": index, "env_id": env.id, "split": split, "need_tools_kwargs": True,
                 "tools_kwargs": {verl: {"create_kwargs": {"env_id": env.id, "function": fn}} for verl, fn in own.items()},
                 "tool_selection": list(own),
+                "provenance": env.lineage(),
             },
             "tools": json.dumps([t.as_openai_tool() for t in env.tools]),
         })

@@ -6,6 +6,11 @@ instance observed; `release` closes the session. verl's stock `ToolAgentLoop` cr
 an instance around every call, so nothing carries over between calls there (our environments'
 tools read their initial state; prefer `ArenaAgentLoop`, one session per episode, for tools that
 write). `verl_adapter.VerlArenaTool` mixes in verl's BaseTool and its `create`.
+
+A sandbox failure (`EnvironmentFailure`: a worker died, the machine was overloaded) is not the agent's:
+the call answers with a note saying so, the instance is marked `env_failure`, and its reward is 0 with
+`env_failure` in the step's metrics. verl's stock loop cannot drop such a sample from the batch;
+`ArenaAgentLoop` masks it out (see agent_loop.py).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 from uuid import uuid4
 
 from arenaforge.environments.reward import f1_reward
+from arenaforge.environments.runtime.errors import EnvironmentFailure
 from arenaforge.schemas.models import Environment, RewardBreakdown
 from arenaforge.tasks.rollout.episodes import FAILED_OUTCOMES, SandboxPool
 
@@ -27,6 +33,7 @@ class _Instance:
     observations: list[str] = field(default_factory=list)
     calls: int = 0
     errors: int = 0
+    env_failure: str | None = None  # what the sandbox said when it failed this instance
 
 
 class ArenaTool:
@@ -52,7 +59,12 @@ class ArenaTool:
         if function not in {t.name for t in inst.env.tools}:
             inst.errors += 1
             return f"Error: unknown tool {function!r}", 0.0, {"outcome": "error"}
-        obs = await self.pool.call(inst.session, function, parameters)
+        try:
+            obs = await self.pool.call(inst.session, function, parameters)
+        except EnvironmentFailure as err:  # the sandbox failed, not the call: never charged to the agent
+            inst.env_failure = str(err)
+            return f"Error: the environment failed this call (not your doing): {err.failure}", 0.0, {
+                "outcome": "env_failure"}
         text = obs.text()
         inst.observations.append(text)
         if obs.outcome in FAILED_OUTCOMES:
@@ -64,6 +76,8 @@ class ArenaTool:
         return f1_reward(inst.env.gold_answers, inst.observations, inst.calls)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        if self._instances[instance_id].env_failure:
+            return 0.0  # not a judgement of the agent; the failure is in the call's metrics
         return self.breakdown(instance_id).f1
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:

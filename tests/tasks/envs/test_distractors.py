@@ -14,7 +14,8 @@ from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors,
 from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import assemble
-from tests.support.envs_fakes import fake_embed, sandbox_cfg
+from arenaforge.tasks.embeddings import embed
+from tests.support.envs_fakes import sandbox_cfg
 from tests.support.models import offline_model
 
 
@@ -36,7 +37,7 @@ def drafts():
 
 
 def test_bands_mix_and_irrelevance(drafts) -> None:
-    chosen = choose_distractors(drafts, DistractorMix(high=2, medium=1, low=1), fake_embed, seed=1)
+    chosen = choose_distractors(drafts, DistractorMix(high=2, medium=1, low=1), embed, seed=1)
     assert len(chosen) == len(drafts)
     for draft, pick in zip(drafts, chosen, strict=True):
         bands = [p.band for p in pick.picks]
@@ -48,13 +49,13 @@ def test_bands_mix_and_irrelevance(drafts) -> None:
         if "high" in sims and "low" in sims:
             assert sims["high"] >= sims["low"]
     assert sum(len(c.picks) for c in chosen) >= len(drafts) * 3
-    none = choose_distractors(drafts, DistractorMix(0, 0, 0), fake_embed)
+    none = choose_distractors(drafts, DistractorMix(0, 0, 0), embed)
     assert all(not c.picks for c in none)
     assert DistractorMix.parse("high=2,medium=0,low=1") == DistractorMix(2, 0, 1) == DistractorMix.parse("2,0,1")
 
 
 def test_distractors_are_callable(drafts) -> None:
-    chosen = choose_distractors(drafts[:6], DistractorMix(), fake_embed, seed=2)
+    chosen = choose_distractors(drafts[:6], DistractorMix(), embed, seed=2)
     draft, pick = drafts[0], chosen[0]
     env = assemble(draft.qa, draft.tools, pick.tools, [t.name for t in pick.tools], None)
     assert set(env.distractors) == {t.name for t in pick.tools} and env.distractors

@@ -26,7 +26,8 @@ from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl
 from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import assemble
-from tests.support.envs_fakes import fake_embed, sandbox_cfg
+from arenaforge.tasks.embeddings import embed
+from tests.support.envs_fakes import sandbox_cfg
 from tests.support.harbor import ToolsService
 from tests.support.models import offline_model
 from tests.support.requirements import require_docker
@@ -46,7 +47,7 @@ def envs() -> list[Environment]:
 
     drafts = asyncio.run(go())
     src.close()
-    chosen = choose_distractors(drafts, DistractorMix(), fake_embed)
+    chosen = choose_distractors(drafts, DistractorMix(), embed)
     return [assemble(d.qa, d.tools, c.tools, [t.name for t in c.tools], None) for d, c in zip(drafts, chosen, strict=True)]
 
 

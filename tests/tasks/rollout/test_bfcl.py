@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import types
 
 import pytest
 
@@ -73,5 +74,11 @@ def test_real_data_loads_and_a_gold_answering_policy_scores_one():
 def test_missing_data_is_reported_not_raised_elsewhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ARENAFORGE_SHARED_DATA", str(tmp_path / "nowhere"))
+    import arenaforge.tasks.rollout.bfcl as bfcl_module
+
+    def no_package(name):  # scripts/setup.sh installs bfcl-eval: hide it, as on a machine without it
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(bfcl_module, "resources", types.SimpleNamespace(files=no_package))
     with pytest.raises(BfclUnavailable, match="no BFCL data"):
         load_bfcl(shared_data=tmp_path / "nowhere")

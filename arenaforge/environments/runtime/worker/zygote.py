@@ -77,10 +77,13 @@ def _main(ctl: socket.socket, payload: bytes, limits: dict) -> None:
         _send(ctl, {"ready": False, "error": f"the environment payload could not be parsed: {err}"})
         os._exit(0)
     del payload
-    try:  # compiling runs none of the code: done once here, each session only executes it
-        template["compiled"] = compile(template["code"], execution.TOOLS_FILE, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        pass  # the session compiles again and reports the error as the tool code's
+    # compiling runs none of the code: done once here, each session only executes it
+    for spec, file in [(template, execution.TOOLS_FILE)] + [(m, f"{m.get('name')}.py") for m in template.get("modules") or []
+                                                             if isinstance(m, dict) and isinstance(m.get("code"), str)]:
+        try:
+            spec["compiled"] = compile(spec["code"], file, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            pass  # the session compiles again and reports the error as the tool code's
     gc.collect()
     gc.freeze()  # sessions' collections skip the state: no copy-on-write of its pages
     _send(ctl, {"ready": True, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
