@@ -10,6 +10,9 @@ so a re-run after a crash completes what was missing.
 
 from __future__ import annotations
 
+import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -18,7 +21,8 @@ from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.schemas.config import load_config
+from arenaforge.schemas.config import Config, load_config
+from arenaforge.schemas.errors import ConfigError
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
@@ -62,7 +66,44 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
     counts.update(qa_counts)
     batches = chunks(qa_ids, params.batch_size)
     bar = progress("envs-batches", len(batches), "environment batches built")
+    if scope.cfg.runner.kind == "ray":
+        for result in await _batches_on_ray(scope, params, batches):
+            for key, value in result.items():
+                counts[key] = counts.get(key, 0) + value
+            bar.advance()
+        return
     for batch in batches:
         for key, value in (await build_environments_task(scope, params, batch)).items():
             counts[key] = counts.get(key, 0) + value
         bar.advance()
+
+
+async def build_batch_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
+                                batch: list[str]) -> dict[str, int]:
+    """One batch of environments where a Ray worker runs it: the run scope's live objects (HTTP session, sandbox
+    pool) do not travel, so the worker opens its own from the run's config and writes to the same warehouse."""
+    cfg = Config.model_validate(cfg_json)
+    async with open_run_scope(cfg, _warehouse(cfg), run_id) as scope:
+        return await build_environments(scope, params, batch)
+
+
+build_batch_task = task(build_batch_in_worker, name="build-environments", retries=0,
+                        tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
+
+
+async def _batches_on_ray(scope: RunScope, params: EnvsParams, batches: list[list[str]]) -> list[dict[str, int]]:
+    """Every batch as a task run on the Ray cluster at `runner.address` (prefect-ray), all at once; their counts."""
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError:
+        raise ConfigError("runner.kind = ray needs prefect-ray: pip install 'arenaforge[ray]'") from None
+    cfg_json = scope.cfg.model_dump(mode="json")
+    cfg_json["warehouse"]["path"] = str(Path(scope.cfg.warehouse.path).resolve())  # workers start elsewhere
+    # the workers report their task runs to this flow's Prefect API
+    env = {k: v for k, v in os.environ.items() if k.startswith(("PREFECT_", "ARENAFORGE_"))}
+    runner = RayTaskRunner(address=scope.cfg.runner.address,
+                           init_kwargs={"runtime_env": {"env_vars": env}, "log_to_driver": False})
+    with runner:
+        futures = [runner.submit(build_batch_task, {"cfg_json": cfg_json, "run_id": scope.run_id, "params": params,
+                                                    "batch": batch}) for batch in batches]
+        return [await asyncio.to_thread(future.result) for future in futures]

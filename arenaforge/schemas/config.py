@@ -47,6 +47,12 @@ class ModelConfig(_Section):
                                                         "openai (any OpenAI-compatible endpoint), or any provider "
                                                         "module added under tasks/models/providers/.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
+    endpoints: list[str] = Field(default_factory=list, description="Several OpenAI-compatible endpoints serving the "
+                                 "same model (replicas): requests go to the least busy healthy one, a failing one "
+                                 "is ejected until its health check passes (tasks/models/endpoint_pool.py). "
+                                 "base_url alone is a pool of one.")
+    health_interval_s: float = Field(default=2.0, ge=0, description="First health check of an ejected endpoint, this "
+                                                                    "long after it failed; doubles up to backoff_max_s.")
     model: str = Field(default="offline", description="Model name sent to the endpoint.")
     api_key: str | None = Field(default=None, description="Key for the endpoint (vLLM accepts any).")
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds one request may take, from when it is sent "
@@ -71,6 +77,13 @@ class ModelConfig(_Section):
     max_tokens: int = Field(default=2048, ge=1, description="Cap on the tokens of one answer (steps ask for less).")
     seed: int = Field(default=0, description="Seed sent with every request where a step does not set one.")
     cache: bool = Field(default=True, description="Cache every response in the warehouse: a re-run makes no calls.")
+
+    def endpoint_urls(self) -> list[str]:
+        """The endpoints requests go to: `endpoints`, else `base_url` (a pool of one), else none."""
+        urls = self.endpoints or ([self.base_url] if self.base_url else [])
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"model.endpoints lists an endpoint twice: {urls}")
+        return urls
 
 
 class SandboxConfig(_Section):
@@ -162,8 +175,19 @@ class TrainConfig(_Section):
     )
 
 
+class RunnerConfig(_Section):
+    """Where a flow's batch tasks run (docs/SCALE.md)."""
+
+    kind: Literal["thread", "ray"] = Field(
+        default="thread", description="thread: in the flow's process; ray: each batch of environments is a Prefect "
+                                      "task run on a Ray cluster through prefect-ray (the `ray` extra).")
+    address: str | None = Field(default=None, description="Ray cluster address (e.g. 127.0.0.1:6379 or "
+                                                          "ray://host:10001); none: a local Ray started for the run.")
+
+
 class Config(_Section):
     warehouse: WarehouseConfig = WarehouseConfig()
+    runner: RunnerConfig = RunnerConfig()
     model: ModelConfig = ModelConfig()
     sandbox: SandboxConfig = SandboxConfig()
     prefect: PrefectConfig = PrefectConfig()

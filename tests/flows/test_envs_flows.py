@@ -109,3 +109,58 @@ def test_envs_flow_over_openai(prefect_server, scripted_openai, tmp_path: Path) 
     assert all(v.verifier == "model" for v in wh.load(QAVerification))
     _, usage = wh.query("SELECT count(*) FROM llm_calls")
     assert usage[0][0] >= 4 * 4
+
+
+def test_envs_flow_over_three_replicas_one_killed_matches_one_endpoint(prefect_server, tmp_path: Path) -> None:
+    """The same inputs over one endpoint and over three replicas, one SIGKILLed-like (connections cut) mid-run:
+    the same records, ids included, and one usage row per request (nothing lost, nothing counted twice)."""
+    import threading
+
+    from arenaforge.flows.envs_flows import EnvsParams, envs
+    from arenaforge.tasks.benchmarks.scripted_openai import Reply, ScriptedOpenAI
+
+    def run(urls: list[str], db: Path) -> Warehouse:
+        params = EnvsParams(
+            sources=["sample"], n=5, seed=0,
+            overrides={"warehouse.path": str(db), "model.backend": "openai", "model.endpoints": urls,
+                       "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
+                       "sandbox.backend": "process", "sandbox.process_allows_model_code": True})
+        asyncio.run(envs(params))
+        return Warehouse(db)
+
+    started = []
+    try:
+        for _ in range(4):
+            server = ScriptedOpenAI()
+            server.responder = EnvsResponder()
+            server.start()
+            started.append(server)
+        single, victim, a, b = started
+        hold = threading.Event()
+        answer = EnvsResponder()
+
+        def held_after_three(req: dict) -> Reply:
+            if len(victim.chat_requests()) <= 3:
+                return answer(req)
+            hold.set()
+            return Reply(body=answer(req).body, delay_s=600)  # cut by the kill long before it is sent
+
+        victim.responder = held_after_three
+        killer = threading.Thread(target=lambda: hold.wait(300) and victim.kill())
+        killer.start()
+        one = run([single.url], tmp_path / "one.duckdb")
+        pooled = run([victim.url, a.url, b.url], tmp_path / "pool.duckdb")
+        killer.join()
+    finally:
+        for server in started:
+            server.stop()
+    assert hold.is_set(), "the replica was killed with a request in flight"
+    for kind in (Environment, QAInstance, QAVerification, Rejection):
+        assert sorted(r.id for r in pooled.load(kind)) == sorted(r.id for r in one.load(kind)), kind.__name__
+    assert len(one.load(Environment)) == 5
+    # a step asking the same thing twice at once gets one answer sent and one cached, or two sent, by timing (either
+    # endpoint count): compare the requests the steps made (one row each) and the distinct answers, not the split
+    usage = ("SELECT count(*), count(DISTINCT key), count(*) FILTER (WHERE cost_class = 'failed'), "
+             "count(*) FILTER (WHERE cost_class = 'sent') FROM llm_calls")
+    assert pooled.query(usage)[1][0][:3] == one.query(usage)[1][0][:3], "one usage row per request, none failed"
+    assert one.query(usage)[1][0][2] == 0 and one.query(usage)[1][0][3] == len(single.chat_requests())

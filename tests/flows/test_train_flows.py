@@ -161,9 +161,11 @@ def test_eval_and_rollout_commands(wh):
         url = ["--engine", "vllm", "--policy-url", server.base_url, "--model-path", str(tiny_model_path())]
         ev = _run(wh, "eval", "run", *url, "--split", "all")
         ro = _run(wh, "rollout", "run", *url, "--samples", "2")
+        ev3 = _run(wh, "eval", "run", *url, "--split", "all", "--samples", "3")
     finally:
         server.stop()
     assert (ev["f1"], ev["calls_per_task"], ev["episodes"]) == (1.0, 2.0, 2)
+    assert ev3["episodes"] == 6, "eval --samples N rolls out N episodes per environment"
     assert wh.load(EvalRun)[0].failure_reasons == {}
     assert ro["rollouts"] == 4 and ro["mean_f1"] == 1.0
 

@@ -25,6 +25,7 @@ def responder(req):
     return reply
 server = ScriptedOpenAI()
 server.responder = responder
+server.capacity = int(sys.argv[2]) or None
 server.start()
 print(server.url, flush=True)
 sys.stdin.read()  # until the benchmark closes our stdin
@@ -39,9 +40,11 @@ class ScriptedEndpoint:
     `setup` is Python that defines `answer(request) -> Reply | dict` in the server process.
     """
 
-    def __init__(self, setup: str, latency_s: float) -> None:
+    def __init__(self, setup: str, latency_s: float, capacity: int = 0) -> None:
         self.setup = setup
         self.latency_s = latency_s
+        self.capacity = capacity  # requests worked on at once (0: no cap), see ScriptedOpenAI.capacity
+        self.killed = False
         self.url = ""
         self.peak = 0
         self.log: list[tuple[float, int]] = []
@@ -49,7 +52,7 @@ class ScriptedEndpoint:
 
     def __enter__(self) -> ScriptedEndpoint:
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER.format(setup=self.setup), str(self.latency_s)],
+            [sys.executable, "-c", _SERVER.format(setup=self.setup), str(self.latency_s), str(self.capacity)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self._proc.stdout is not None
         self.url = self._proc.stdout.readline().strip()
@@ -58,11 +61,18 @@ class ScriptedEndpoint:
             raise RuntimeError("the scripted endpoint did not start")
         return self
 
+    def kill(self) -> None:
+        """SIGKILL the server process: a replica that crashed with requests in flight."""
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait(timeout=60)
+        self.killed = True
+
     def __exit__(self, *exc: Any) -> None:
         assert self._proc is not None
         out, _ = self._proc.communicate(timeout=120)
         tail = out.strip().splitlines()
-        if tail:
+        if tail and not self.killed:
             done = json.loads(tail[-1])
             self.peak, self.log = done["peak"], [tuple(x) for x in done["log"]]
 

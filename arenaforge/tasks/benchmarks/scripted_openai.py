@@ -15,6 +15,11 @@ monotonic clock, comparable across processes on Linux).
 aiohttp rather than the stdlib's ThreadingHTTPServer: the stdlib server costs ~4 ms of CPU per
 request and topped out near 250 requests/s, below what the benchmarks ask of it (128 in flight
 answered after 300 ms is ~430/s). Responders run on the server's loop, so they must not block.
+
+`capacity` makes it a server that works on at most that many requests at once (the rest wait their
+turn, as a vLLM replica's batch does), so its throughput is capacity / delay. `kill()` ends it the
+way a crashed replica ends: the listening socket closes and every open connection is cut, requests
+in flight included; `start(port)` brings a server back on a port that was used before.
 """
 
 from __future__ import annotations
@@ -93,6 +98,10 @@ class ScriptedOpenAI:
         self._port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.capacity: int | None = None
+        self._working: asyncio.Semaphore | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
 
     # ------------------------------------------------------------------ control
     @property
@@ -108,10 +117,10 @@ class ScriptedOpenAI:
     def chat_requests(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if "messages" in r]
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
         self._port = sock.getsockname()[1]
         loop = asyncio.new_event_loop()
         app = web.Application(client_max_size=64 * 2**20)
@@ -119,8 +128,11 @@ class ScriptedOpenAI:
         app.router.add_post("/{path:.*}", self._post)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock, backlog=512).start())
-        self._loop = loop
+        site = web.SockSite(runner, sock, backlog=512)
+        loop.run_until_complete(site.start())
+        self._loop, self._runner, self._site = loop, runner, site
+        if self.capacity:
+            self._working = asyncio.Semaphore(self.capacity)  # Python 3.10+: binds to the loop on first use
 
         def serve() -> None:
             asyncio.set_event_loop(loop)
@@ -136,6 +148,25 @@ class ScriptedOpenAI:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             self._loop = None
+
+    def kill(self) -> None:
+        """Stop listening and cut every open connection at once, then stop (a crashed replica)."""
+        loop = self._loop
+        if loop is None or self._thread is None:
+            return
+
+        async def crash() -> None:
+            assert self._site is not None and self._runner is not None and self._runner.server is not None
+            await self._site.stop()
+            for handler in self._runner.server.connections:
+                if handler.transport is not None:
+                    handler.transport.abort()
+            for task in asyncio.all_tasks():  # requests being answered end with their connections
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(crash(), loop).result(timeout=30)
+        self.stop()
 
     # ------------------------------------------------------------------ HTTP
     async def _get(self, request: web.Request) -> web.Response:
@@ -153,7 +184,10 @@ class ScriptedOpenAI:
             reply = scripted if scripted is not None else self.responder(body)
             if isinstance(reply, dict):
                 reply = Reply(body=reply)
-            if reply.delay_s:
+            if self._working is not None:
+                async with self._working:
+                    await asyncio.sleep(reply.delay_s)
+            elif reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
             return self._response(reply)
         finally:

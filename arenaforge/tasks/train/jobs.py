@@ -285,6 +285,7 @@ async def eval_job(params: EvalParams) -> dict[str, Any]:
         cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
             update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
     return await evaluate_policy(cfg, wh, params, model_path_for(params.model_path), envs, params.episode,
+                                 samples=params.samples, seed=params.seed, concurrency=params.concurrency,
                                  flow_params=params.model_dump(mode="json"), suite=params.envs.suite)
 
 

@@ -56,6 +56,7 @@ from arenaforge.schemas.models import ChatMessage, Usage
 from arenaforge.tasks.models import prompted_tools
 from arenaforge.tasks.models.base import ChatRequest, ChatResponse
 from arenaforge.tasks.models.cache import ResponseCache, UsageLedger
+from arenaforge.tasks.models.endpoint_pool import EndpointPool
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
 from arenaforge.warehouse.db import Warehouse
 
@@ -148,7 +149,8 @@ class OpenAICompatibleModel:
     kind = NAME
     decides_by = "model"
 
-    def __init__(self, cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None) -> None:
+    def __init__(self, cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None,
+                 fail_fast: bool = False) -> None:
         if not cfg.base_url:
             raise ProviderRefused("model.backend = openai needs model.base_url (e.g. http://127.0.0.1:8000/v1)")
         self.cfg = cfg
@@ -168,6 +170,9 @@ class OpenAICompatibleModel:
         self._failures_in_a_row = 0
         self._dead_until = 0.0
         self._dead_reason = ""
+        # in an endpoint pool: a connection error or timeout ends the request at once (ProviderUnreachable), so the
+        # pool ejects this endpoint and re-sends the request to another one instead of retrying here
+        self.fail_fast = fail_fast
 
     # ------------------------------------------------------------------ session and limiter
     def _bind(self) -> None:
@@ -378,11 +383,13 @@ class OpenAICompatibleModel:
                     continue
                 if err.status not in _RETRY_STATUS:
                     raise _typed(err, self.cfg.base_url) from None
-                if err.status == 429:
+                if err.status in _OVERLOAD_STATUS:
                     self.limiter.on_rate_limited()
                 last = err
             except _Transient as err:
                 last = err
+                if err.unreachable and self.fail_fast:
+                    raise _typed(err, self.cfg.base_url) from None
                 if err.unreachable:
                     self._failures_in_a_row += 1
                     if self._failures_in_a_row > self.cfg.max_retries:
@@ -428,6 +435,16 @@ class OpenAICompatibleModel:
         log.warning("%s refused response_format %s (%s); using %s from now on", self.cfg.base_url, mode,
                     _short(err), self.mode)
         return True
+
+    async def probe(self, timeout_s: float = 5.0) -> str | None:
+        """Health check: GET /models; None when the endpoint answers, else why not."""
+        try:
+            async with self._session().get(self.cfg.base_url.rstrip("/") + "/models",
+                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                await resp.read()
+                return None if resp.status < 500 else f"HTTP {resp.status}"
+        except (TimeoutError, aiohttp.ClientError) as err:
+            return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
 
     async def _post(self, body: bytes, idempotency_key: str) -> Any:
         """One POST /chat/completions: the decoded JSON body, or _HTTPStatusError / _Transient."""
@@ -509,8 +526,15 @@ def _add(total: Usage, more: Usage) -> Usage:
 @contextlib.asynccontextmanager
 async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None = None
                ) -> AsyncIterator[OpenAICompatibleModel]:
-    """The endpoint's model with its warehouse response cache and usage ledger, flushed and closed on exit."""
-    model = OpenAICompatibleModel(cfg, wh, run_id)
+    """The endpoint's model with its warehouse response cache and usage ledger, flushed and closed on exit;
+    with several `model.endpoints`, an `EndpointPool` of them."""
+    urls = cfg.endpoint_urls()
+    model: OpenAICompatibleModel | EndpointPool
+    if len(urls) > 1:
+        model = EndpointPool(cfg, urls, wh, run_id, member=lambda url: OpenAICompatibleModel(
+            cfg.model_copy(update={"base_url": url, "endpoints": []}), fail_fast=True))
+    else:
+        model = OpenAICompatibleModel(cfg.model_copy(update={"base_url": urls[0] if urls else None}), wh, run_id)
     try:
         yield model
     finally:
