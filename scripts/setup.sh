@@ -12,6 +12,9 @@ fi
 # torch first and alone: the pinned CPU wheel; any looser spec would pull GBs of CUDA packages.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
 .venv/bin/pip install -q -c constraints.txt -e ".[dev,ray]"
+# duckdb 2.0.0 beside the environment, for one job only: reading single-file warehouses it wrote
+# (storage version DuckDB 1.5 cannot open) in `arenaforge db migrate --from FILE`.
+[ -d .venv/legacy-duckdb-2.0.0/duckdb ] || .venv/bin/pip install -q --no-deps --target .venv/legacy-duckdb-2.0.0 "duckdb==2.0.0"
 # BFCL multi-turn's data and API classes (`arenaforge envs import bfcl`), without the package's declared dependencies:
 # those pull sentence-transformers (torch with CUDA), numpy==1.26.4 and a dozen provider SDKs, none of which the
 # multi-turn classes use (MathAPI's mpmath is already pinned). A 2 MB pure-Python wheel.

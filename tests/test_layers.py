@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,52 @@ def test_the_event_loop_rule_sees_a_start(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import asyncio\nasyncio.run(main())\nif __name__ == '__main__':\n    asyncio.run(main())\n")
     assert _event_loop_starts(bad) == [2]
+
+
+# SQL statements are the warehouse's: new SQL goes in arenaforge/warehouse/ as typed functions. The exceptions
+# query something that is not the warehouse, or measure it raw:
+_MAY_HOLD_SQL = {
+    "warehouse/": "the warehouse itself",
+    "tasks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
+    "tasks/envs/grounding.py": "checks a QA's evidence against the knowledge source with parameterised queries",
+    "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
+    "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
+    "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
+}
+_SQL_STATEMENT = re.compile(
+    r"\s*(WITH\b.*\bSELECT\b|SELECT\b.*\bFROM\b|INSERT\s+(OR\s+\w+\s+)?INTO\b|UPDATE\s+\S+\s+SET\b|DELETE\s+FROM\b"
+    r"|CREATE\s+(OR\s+REPLACE\s+)?(TEMP\w*\s+)?(TABLE|VIEW|INDEX|MACRO|SEQUENCE|SCHEMA|TYPE)\b)", re.S)
+
+
+def _sql_statements(path: Path) -> list[int]:
+    """Lines of string literals (f-strings with their holes) that start like an SQL statement."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+        else:
+            continue
+        if _SQL_STATEMENT.match(text):
+            found.add(node.lineno)
+    return sorted(found)
+
+
+def test_sql_lives_in_the_warehouse():
+    stale = [p for p in _MAY_HOLD_SQL if not (PACKAGE / p).exists()]
+    assert not stale, f"exceptions naming nothing: {stale}"
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if any(rel.startswith(allowed) for allowed in _MAY_HOLD_SQL):
+            continue
+        bad += [f"{rel}:{line}" for line in _sql_statements(path)]
+    assert not bad, "SQL outside arenaforge/warehouse/ (make it a typed function there): " + ", ".join(bad)
+
+
+def test_the_sql_rule_sees_a_statement(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('con.execute(f"SELECT * FROM {t} WHERE id = ?")\n"""Select the tool from the list."""\n'
+                   'q = ("DELETE FROM runs "\n     "WHERE id = ?")\nCREATE = "CREATE TABLE x (a INT)"\n')
+    assert _sql_statements(bad) == [1, 3, 5]

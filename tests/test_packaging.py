@@ -50,5 +50,5 @@ def test_demo_runs_from_the_installed_wheel_outside_the_repo(wheel: Path, tmp_pa
     demo = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "demo", "--n", "6"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=900)
     assert demo.returncode == 0, demo.stderr[-3000:]
-    assert (work / "arenaforge.duckdb").exists() and not (REPO / "arenaforge.duckdb").exists()
+    assert (work / "arenaforge.lake").is_dir() and not (REPO / "arenaforge.lake").exists()  # the default warehouse.path
     assert "environments" in demo.stdout

@@ -58,7 +58,8 @@ app = typer.Typer(
 def root(
     ctx: typer.Context,
     config: str = typer.Option(None, "--config", "-c", help="Path to arenaforge.toml (default: ./arenaforge.toml)."),
-    db: str = typer.Option(None, "--db", help="DuckDB warehouse file (overrides warehouse.path)."),
+    db: str = typer.Option(None, "--db", help=(
+        "Warehouse: a directory (DuckLake), postgres:<conninfo>, or an old single .duckdb file (overrides warehouse.path).")),
     backend: str = typer.Option(None, "--backend", help="Model backend: offline or openai (overrides model.backend)."),
     base_url: str = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint (overrides model.base_url)."),
     model: str = typer.Option(None, "--model", help="Model name at the endpoint (overrides model.model)."),

@@ -27,7 +27,7 @@ class CliState:
 
     def warehouse(self) -> Warehouse:
         cfg = self.config.warehouse
-        return Warehouse(cfg.path, lock_timeout_s=cfg.lock_timeout_s)
+        return Warehouse(cfg.path, lock_timeout_s=cfg.lock_timeout_s, data_path=cfg.data_path)
 
 
 def state(ctx: typer.Context) -> CliState:

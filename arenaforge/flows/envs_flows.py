@@ -43,7 +43,8 @@ build_environments_task = task(build_environments, name="build-environments", re
 
 
 def _warehouse(cfg: Any) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
+                     data_path=cfg.warehouse.data_path)
 
 
 @flow(name="envs", log_prints=True)

@@ -35,6 +35,7 @@ from typing import Any
 
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ArenaforgeError, ConfigError
+from arenaforge.warehouse import absolute_location
 
 # Everything Prefect could phone home with, off. Set for the server, the worker, flow runs
 # and this process's client.
@@ -161,7 +162,10 @@ class Stack:
         env["PREFECT_HOME"] = str(self._home())
         env["PREFECT_API_URL"] = self.api_url
         # Flow runs resolve config exactly as this process did: absolute warehouse, same TOML.
-        env["ARENAFORGE_WAREHOUSE__PATH"] = str(in_project(self.cfg, self.cfg.warehouse.path))
+        project = project_root(self.cfg)
+        env["ARENAFORGE_WAREHOUSE__PATH"] = absolute_location(self.cfg.warehouse.path, project)
+        if self.cfg.warehouse.data_path:
+            env["ARENAFORGE_WAREHOUSE__DATA_PATH"] = absolute_location(self.cfg.warehouse.data_path, project)
         env.pop("ARENAFORGE_DB", None)
         if os.environ.get("ARENAFORGE_CONFIG"):
             env["ARENAFORGE_CONFIG"] = str(Path(os.environ["ARENAFORGE_CONFIG"]).resolve())

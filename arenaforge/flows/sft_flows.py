@@ -60,7 +60,8 @@ def _absolute(path: str) -> str:
 
 
 def _warehouse(cfg: Config) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
+                     data_path=cfg.warehouse.data_path)
 
 
 # Stages take the run scope (live objects: an HTTP session, a sandbox pool), never part of a cache key.

@@ -30,8 +30,14 @@ class _Section(BaseModel):
 
 
 class WarehouseConfig(_Section):
-    path: str = Field(default="./arenaforge.duckdb", description="DuckDB file holding every artifact.")
-    lock_timeout_s: float = Field(default=120.0, gt=0, description="How long a writer waits for another process's lock.")
+    path: str = Field(default="./arenaforge.lake", description=(
+        "Where every artifact lives: a directory (DuckLake, catalog in SQLite: one machine, no server), "
+        "`postgres:<conninfo>` or a postgresql:// URL (DuckLake, catalog in PostgreSQL: writers on many machines), "
+        "or an existing single DuckDB file (the layout before DuckLake; `arenaforge db migrate --from FILE`)."))
+    data_path: str | None = Field(default=None, description=(
+        "Parquet data directory of a DuckLake warehouse; default <path>/data. Required with a PostgreSQL "
+        "catalog: a directory (or object store) every writer reaches."))
+    lock_timeout_s: float = Field(default=120.0, gt=0, description="How long a writer waits for the other writers' lock.")
 
 
 class ModelConfig(_Section):

@@ -1,21 +1,21 @@
-"""The DuckDB warehouse: connections, migrations and idempotent record writes.
+"""The warehouse: every artifact with its lineage, behind one API whatever the storage layout.
 
-DuckDB allows one writing *process* per file. Arenaforge never holds a connection across a
-long step: every read or write opens the file, does its work in one transaction and closes,
-retrying with backoff while another process holds the lock. Two flows in two processes (a
-scheduled synthesis and a training run) therefore interleave their writes instead of failing.
+Two layouts, one `Warehouse` API (upsert / load / get / ids / count / query / connect /
+transaction / relations):
 
-Within a process DuckDB shares one database instance between connections, so threads each
-open their own connection (never share one).
+- DuckLake (the default, `lake.py`): a catalog (a SQLite file, or PostgreSQL for writers on many
+  machines) plus Parquet files. Any number of processes read while several write; writers take
+  turns through one lock, readers never wait.
+- a single DuckDB file (`single_file.py`): the layout before DuckLake, opened when `path` is an
+  existing DuckDB file (or `file:PATH`); `arenaforge db migrate --from FILE` moves it to DuckLake.
+
+Within a process threads each get their own connection from `connect()` (never share one).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import random
-import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
@@ -26,26 +26,27 @@ import duckdb
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.contracts import validate
 from arenaforge.schemas.errors import WarehouseError
+from arenaforge.warehouse.lake import LakeLocation, LakeStore, is_postgres
+from arenaforge.warehouse.single_file import FileStore, is_duckdb_file
 
 R = TypeVar("R", bound=Record)
 
-_MIGRATED: set[str] = set()
-_MIGRATE_LOCK = threading.Lock()
-# "Unique file handle conflict": two threads of one process opening the file at the same instant (retrying wins).
-_LOCK_MARKERS = ("Could not set lock", "Conflicting lock", "database is locked", "being used by another process",
-                 "Unique file handle conflict")
-
+DEFAULT_PATH = "./arenaforge.lake"
 # Columns of every artifact table (see migrations/0001_init.sql); `record` is cast to JSON on insert.
 _RECORD_COLUMNS = [("id", "VARCHAR"), ("run_id", "VARCHAR"), ("parents", "VARCHAR[]"), ("record", "VARCHAR")]
+_RECORDS = "(SELECT id, run_id, parents, CAST(record AS JSON) AS record FROM {rows})"
+# Statement kinds that change data or schema: `query()` runs them under the writers' lock.
+_WRITES = {duckdb.StatementType.INSERT, duckdb.StatementType.UPDATE, duckdb.StatementType.DELETE,
+           duckdb.StatementType.CREATE, duckdb.StatementType.DROP, duckdb.StatementType.ALTER,
+           duckdb.StatementType.MERGE_INTO, duckdb.StatementType.CALL}
 
 
 def column_rows(columns: Sequence[tuple[str, str]]) -> str:
     """A relation over typed per-column parameter lists, bound in order as $1, $2, ...
 
-    Every batched write binds its rows this way. DuckDB's `executemany` runs a statement per row
-    (~10 ms each here), and registering Arrow tables (`con.register`) races inside DuckDB 2.0
-    when another thread opens a connection to the same file ("Table Function with name
-    python_arrow_scan does not exist"), which our group-commit writer threads do.
+    Every batched write binds its rows this way: DuckDB's `executemany` runs a statement per row
+    (~10 ms each here), and registering Arrow tables (`con.register`) races inside DuckDB when
+    another thread opens a connection to the same database.
     """
     return "(SELECT " + ", ".join(f"unnest(${i}::{kind}[]) AS {name}" for i, (name, kind) in enumerate(columns, 1)) + ")"
 
@@ -53,10 +54,6 @@ def column_rows(columns: Sequence[tuple[str, str]]) -> str:
 def column_lists(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
     """Row tuples -> one list per column (the parameters of `column_rows`)."""
     return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
-
-
-def _is_lock_error(err: Exception) -> bool:
-    return any(marker in str(err) for marker in _LOCK_MARKERS)
 
 
 def migration_files() -> list[tuple[int, str, str]]:
@@ -72,85 +69,71 @@ def migration_files() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-class Warehouse:
-    """A DuckDB file holding every artifact, with lineage and run ids."""
+def absolute_location(path: str | Path, base: Path | None = None) -> str:
+    """`path` with a local path made absolute against `base` (default: the working directory), to hand to
+    another process; other locations (PostgreSQL, URLs) as given."""
+    text = str(path)
+    if is_postgres(text) or "://" in text:
+        return text
+    root = base if base is not None else Path.cwd()
+    if text.startswith("file:"):
+        return "file:" + str((root / Path(text[5:]).expanduser()).resolve())
+    return str((root / Path(text).expanduser()).resolve())
 
-    def __init__(self, path: str | Path = "./arenaforge.duckdb", lock_timeout_s: float = 120.0) -> None:
-        self.path = Path(path)
+
+def open_store(path: str | Path, lock_timeout_s: float, data_path: str | None = None) -> FileStore | LakeStore:
+    """The layout `path` names: `postgres:...` / `postgresql://...` a PostgreSQL-catalog lake,
+    `file:PATH` or an existing DuckDB file the single-file layout, anything else a lake directory."""
+    text = str(path)
+    if text.startswith("file:"):
+        return FileStore(Path(text[5:]), lock_timeout_s, migration_files())
+    if not is_postgres(text) and is_duckdb_file(Path(text)):
+        return FileStore(Path(text), lock_timeout_s, migration_files())
+    return LakeStore(LakeLocation.parse(text, data_path), lock_timeout_s, migration_files())
+
+
+class Warehouse:
+    """Every artifact, with lineage and run ids: a DuckLake (default) or a single DuckDB file."""
+
+    def __init__(self, path: str | Path = DEFAULT_PATH, lock_timeout_s: float = 120.0,
+                 data_path: str | None = None) -> None:
+        self.store = open_store(path, lock_timeout_s, data_path)
+        self.path: Path | str = self.store.path  # a directory or file; a PostgreSQL catalog's conninfo
         self.lock_timeout_s = lock_timeout_s
+
+    @property
+    def layout(self) -> str:
+        return self.store.layout
+
+    @property
+    def key(self) -> str:
+        """The same string for every Warehouse object naming this warehouse."""
+        return self.store.key
 
     # ------------------------------------------------------------------ connections
     @contextlib.contextmanager
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A fresh connection to a migrated warehouse, closed on exit."""
-        con = self._open()
-        try:
-            self._ensure_migrated(con)
+        """A fresh connection to the migrated warehouse (its tables unqualified), closed on exit.
+
+        Statements run outside `transaction()` commit on their own and do not take the writers' lock:
+        use it for reads, and `transaction()` or `upsert()` for writes.
+        """
+        with self.store.connect() as con:
             yield con
-        finally:
-            con.close()
-
-    def _open(self) -> duckdb.DuckDBPyConnection:
-        if self.path.parent and not self.path.parent.exists():
-            raise WarehouseError(f"warehouse directory {self.path.parent} does not exist")
-        deadline = time.monotonic() + self.lock_timeout_s
-        delay = 0.01
-        while True:
-            try:
-                return duckdb.connect(str(self.path))
-            except duckdb.Error as err:
-                if not _is_lock_error(err):
-                    raise WarehouseError(f"cannot open warehouse {self.path}: {str(err).splitlines()[0]}") from None
-                if time.monotonic() > deadline:
-                    raise WarehouseError(
-                        f"warehouse {self.path} stayed locked by another process for {self.lock_timeout_s:.0f}s"
-                    ) from None
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.5)
-
-    def _ensure_migrated(self, con: duckdb.DuckDBPyConnection) -> None:
-        key = str(self.path.resolve())
-        if key in _MIGRATED:
-            return
-        with _MIGRATE_LOCK:
-            if key not in _MIGRATED:
-                self.migrate(con)
-                _MIGRATED.add(key)
-
-    @staticmethod
-    def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
-        """Apply every migration not yet applied, each in its own transaction; names applied."""
-        con.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations "
-            "(version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
-        )
-        done = {v for (v,) in con.execute("SELECT version FROM schema_migrations").fetchall()}
-        applied = []
-        for version, name, sql in migration_files():
-            if version in done:
-                continue
-            con.execute("BEGIN TRANSACTION")
-            try:
-                con.execute(sql)
-                con.execute("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
-                con.execute("COMMIT")
-            except duckdb.Error as err:
-                con.execute("ROLLBACK")
-                raise WarehouseError(f"migration {name} failed: {str(err).splitlines()[0]}") from None
-            applied.append(name)
-        return applied
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A connection inside BEGIN/COMMIT; anything raised rolls the whole block back."""
-        with self.connect() as con:
-            con.execute("BEGIN TRANSACTION")
-            try:
-                yield con
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            con.execute("COMMIT")
+        """A connection inside BEGIN/COMMIT, holding the writers' lock; anything raised rolls the block back."""
+        with self.store.transaction() as con:
+            yield con
+
+    def migrate(self) -> list[str]:
+        """Apply every migration not yet applied (each in its own transaction); names applied."""
+        return self.store.migrate()
+
+    def applied_migrations(self) -> list[str]:
+        _, rows = self.query("SELECT name FROM schema_migrations ORDER BY version")
+        return [name for (name,) in rows]
 
     # ------------------------------------------------------------------ writes
     def upsert(self, records: Iterable[Record], replace: bool = False) -> int:
@@ -165,11 +148,45 @@ class Warehouse:
         if not by_table:
             return 0
         batches = {table: self._record_rows(items) for table, items in by_table.items()}
+        select = _RECORDS.format(rows=column_rows(_RECORD_COLUMNS))
+        from arenaforge.warehouse.buffer import riding_rows  # here: buffer.py imports this module
+
+        committer = riding_rows(self)  # queued cache/usage rows ride along: one commit instead of two
+        taken = committer.take() if committer is not None else {}
         new = 0
-        with self.transaction() as con:
-            for table, batch in batches.items():
-                new += self._insert_batch(con, table, batch, replace)
+        try:
+            with self.transaction() as con:
+                for table, batch in batches.items():
+                    new += self.store.insert_new(con, table, "id, run_id, parents, record", select, batch, ["id"], replace)
+                if taken:
+                    committer.write(con, taken)  # type: ignore[union-attr]
+        except BaseException:
+            if taken:
+                committer.give_back(taken)  # type: ignore[union-attr]
+            raise
+        if taken:
+            committer.done(taken)  # type: ignore[union-attr]
         return new
+
+    def insert_rows(self, table: str, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> int:
+        """Insert plain rows (typed `columns`, one tuple per row) whose key is not stored yet, in one
+        transaction; the key is the table's declared PRIMARY KEY. Returns how many were new."""
+        key = self.key_of(table)
+        names = [name for name, _ in columns]
+        positions = [names.index(k) for k in key]
+        unique: dict[tuple[Any, ...], Sequence[Any]] = {}
+        for row in rows:  # first of each key wins, as ON CONFLICT DO NOTHING would
+            unique.setdefault(tuple(row[i] for i in positions), row)
+        with self.transaction() as con:
+            return self.store.insert_new(con, table, ", ".join(names), column_rows(columns),
+                                         column_lists(list(unique.values()), len(columns)), key)
+
+    def key_of(self, table: str) -> list[str]:
+        """The columns that identify a row of `table` (its declared PRIMARY KEY)."""
+        keys = self.store.keys
+        if table not in keys:
+            raise WarehouseError(f"table {table!r} declares no key; see arenaforge/warehouse/migrations")
+        return keys[table]
 
     @staticmethod
     def _record_rows(records: Sequence[Record]) -> list[list[Any]]:
@@ -181,18 +198,6 @@ class Warehouse:
             stored = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             rows[record.id] = (record.id, record.run_id, list(record.parents), stored)
         return column_lists(list(rows.values()), len(_RECORD_COLUMNS))
-
-    @staticmethod
-    def _insert_batch(con: duckdb.DuckDBPyConnection, table: str, columns: list[list[Any]], replace: bool) -> int:
-        new = con.execute(f"SELECT count(*) FROM {column_rows(_RECORD_COLUMNS[:1])} WHERE id NOT IN (SELECT id FROM {table})",
-                          columns[:1]).fetchall()[0][0]
-        conflict = "DO UPDATE SET record = EXCLUDED.record, run_id = EXCLUDED.run_id" if replace else "DO NOTHING"
-        con.execute(
-            f"INSERT INTO {table} (id, run_id, parents, record) "
-            f"SELECT id, run_id, parents, CAST(record AS JSON) FROM {column_rows(_RECORD_COLUMNS)} ON CONFLICT (id) {conflict}",
-            columns,
-        )
-        return int(new)
 
     # ------------------------------------------------------------------ reads
     def get(self, model: type[R], record_id: str) -> R | None:
@@ -224,11 +229,7 @@ class Warehouse:
     def relations(self) -> list[tuple[str, str]]:
         """(name, 'table' | 'view') of everything a user can browse."""
         with self.connect() as con:
-            tables = con.execute(
-                "SELECT table_name, CASE WHEN table_type = 'VIEW' THEN 'view' ELSE 'table' END "
-                "FROM information_schema.tables WHERE table_schema = 'main' ORDER BY 2, 1"
-            ).fetchall()
-        return [(n, k) for n, k in tables]
+            return self.store.relations(con)
 
     def require_relation(self, name: str) -> None:
         known = {n for n, _ in self.relations()}
@@ -236,8 +237,15 @@ class Warehouse:
             raise WarehouseError(f"unknown table or view {name!r}; see `arenaforge db tables`")
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> "tuple[list[str], list[tuple]]":
-        """Run SQL; (column names, rows). SQL errors become one-line WarehouseErrors."""
+        """Run SQL; (column names, rows). Statements that write take the writers' lock; SQL errors
+        become one-line WarehouseErrors."""
         with self.connect() as con:
+            try:
+                writes = any(s.type in _WRITES for s in con.extract_statements(sql))
+            except duckdb.Error as err:
+                raise WarehouseError(f"query failed: {str(err).splitlines()[0]}") from None
+        opened = self.transaction() if writes else self.connect()
+        with opened as con:
             try:
                 cur = con.execute(sql, list(params))
             except duckdb.Error as err:
@@ -245,3 +253,12 @@ class Warehouse:
             if cur.description is None:
                 return [], []
             return [d[0] for d in cur.description], cur.fetchall()
+
+    # ------------------------------------------------------------------ maintenance and browsing
+    def compact(self, older_than_hours: float = 24.0) -> dict[str, Any]:
+        """Merge small files; drop snapshots and files from before the UTC day `older_than_hours` ago."""
+        return self.store.compact(older_than_hours)
+
+    def cli_args(self) -> list[str]:
+        """Arguments that open this warehouse read-only in the DuckDB CLI."""
+        return self.store.cli_args()

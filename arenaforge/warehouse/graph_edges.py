@@ -37,11 +37,11 @@ def replace_edges(wh: Warehouse, servers: Sequence[str], edges: Sequence[EdgeRow
                     column_lists(rows, len(_EDGE_COLUMNS)))
         con.execute("DELETE FROM graph_edges WHERE server IN (SELECT server FROM _servers) "
                     "AND (server, src, dst) NOT IN (SELECT server, src, dst FROM _edges)")
-        con.execute(
-            "INSERT INTO graph_edges (server, src, dst, weight, uses, origin, evidence) "
-            "SELECT server, src, dst, weight, 0, origin, evidence FROM _edges "
-            "ON CONFLICT (server, src, dst) DO UPDATE SET weight = EXCLUDED.weight, origin = EXCLUDED.origin, "
-            "evidence = EXCLUDED.evidence, updated_at = now()")
+        con.execute(  # MERGE, not ON CONFLICT: a DuckLake warehouse has no primary keys
+            "MERGE INTO graph_edges g USING _edges e ON g.server = e.server AND g.src = e.src AND g.dst = e.dst "
+            "WHEN MATCHED THEN UPDATE SET weight = e.weight, origin = e.origin, evidence = e.evidence, updated_at = now() "
+            "WHEN NOT MATCHED THEN INSERT (server, src, dst, weight, uses, origin, evidence) "
+            "VALUES (e.server, e.src, e.dst, e.weight, 0, e.origin, e.evidence)")
         con.execute("DROP TABLE _edges")
         con.execute("DROP TABLE _servers")
     return len(rows)

@@ -27,7 +27,8 @@ def start_run(wh: Warehouse, flow: str, params: dict[str, Any]) -> Run:
 def mark_crashed(wh: Warehouse) -> list[Run]:
     """Runs still `running` whose process on this machine is gone (killed, crashed) become `crashed`."""
     host = socket.gethostname()
-    stale = [r for r in wh.load(Run, where="record->>'status' = 'running' AND record->>'host' = ?", params=[host])
+    # parenthesised: in DuckDB 1.5 `->>` binds looser than AND (`a->>'x' = 1 AND b->>'y' = 2` misparses)
+    stale = [r for r in wh.load(Run, where="(record->>'status') = 'running' AND (record->>'host') = ?", params=[host])
              if r.pid is not None and not _alive(r.pid)]
     done = [r.model_copy(update={"status": "crashed", "finished_at": _now(),
                                  "error": f"the process running it (pid {r.pid} on {host}) is gone"}) for r in stale]

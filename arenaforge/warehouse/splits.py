@@ -19,12 +19,14 @@ def write_splits(wh: Warehouse, splits: Sequence[EnvSplit]) -> int:
 
 def read_splits(wh: Warehouse, scheme: str = "default") -> dict[str, EnvSplit]:
     """env id -> its split row in `scheme`."""
-    rows = wh.load(EnvSplit, where="record->>'scheme' = ?", params=[scheme])
+    rows = wh.load(EnvSplit, where="(record->>'scheme') = ?", params=[scheme])
     return {r.env_id: r for r in rows}
 
 
 def split_env_ids(wh: Warehouse, split: str, scheme: str = "default") -> set[str]:
     """Ids of the environments in `split` ('train' or 'test') of `scheme`."""
-    _, rows = wh.query("SELECT record->>'env_id' FROM env_splits WHERE record->>'scheme' = ? AND record->>'split' = ?",
+    # parenthesised: DuckLake 1.5.5 re-renders a pushed-down filter without them, and `->>` binds
+    # looser than AND, so `a->>'x' = ? AND a->>'y' = ?` becomes a cast of the record (see runs.py)
+    _, rows = wh.query("SELECT record->>'env_id' FROM env_splits WHERE (record->>'scheme') = ? AND (record->>'split') = ?",
                        [scheme, split])
     return {r[0] for r in rows}

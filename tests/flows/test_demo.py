@@ -23,7 +23,7 @@ def test_demo_fills_the_warehouse_and_reruns_without_duplicates(tmp_path, prefec
     cmd = [sys.executable, "-m", "arenaforge.flows.cli", "demo", "--n", "12"]
     first = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:]
-    wh = Warehouse(tmp_path / "arenaforge.duckdb")
+    wh = Warehouse(tmp_path / "arenaforge.lake")  # the default warehouse.path
     counts = {t: wh.count(t) for t in ("tools", "servers", "trajectories", "judge_scores", "qa_instances", "environments")}
     assert all(n > 0 for n in counts.values()), counts
     _, verified = wh.query("SELECT count(*) FILTER (WHERE verified), count(*) FROM v_environments")

@@ -11,7 +11,7 @@ from arenaforge.schemas.errors import ConfigError
 def test_defaults_when_nothing_is_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(environ={})
-    assert cfg.warehouse.path == "./arenaforge.duckdb"
+    assert cfg.warehouse.path == "./arenaforge.lake"
     assert cfg.model.backend == "offline"
 
 

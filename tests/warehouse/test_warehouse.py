@@ -1,4 +1,8 @@
-"""The DuckDB warehouse: migrations, idempotent upserts, atomic batches, lineage, exports, locks."""
+"""The warehouse: migrations, idempotent upserts, atomic batches, lineage, exports, readers beside writers.
+
+`tmp_warehouse` is the default layout (DuckLake, SQLite catalog); the single-file layout's lock
+behaviour is tested on `file:` paths.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,9 @@ import pytest
 
 from arenaforge.schemas import FunctionDoc, Rejection, Server, Tool, WarehouseError
 from arenaforge.warehouse import Warehouse, export_relation, migration_files, recorded_run
-from arenaforge.warehouse.db import _MIGRATED
+from arenaforge.warehouse.lake import LakeLocation, LakeStore
+from arenaforge.warehouse.single_file import _MIGRATED
+from tests.warehouse.conftest import run_writers
 
 
 def _tools(n: int, server: str = "srv") -> list[Tool]:
@@ -23,12 +29,40 @@ def _tools(n: int, server: str = "srv") -> list[Tool]:
 def test_migrations_are_numbered_and_idempotent(tmp_warehouse):
     versions = [v for v, _, _ in migration_files()]
     assert versions == sorted(set(versions)) and versions[0] == 1
-    with tmp_warehouse.connect() as con:
-        again = Warehouse.migrate(con)  # already applied on connect
-        applied = con.execute("SELECT count(*) FROM schema_migrations").fetchone()[0]
-    assert again == [] and applied == len(versions)
-    names = {n for n, _ in tmp_warehouse.relations()}
+    assert tmp_warehouse.layout == "ducklake"
+    names = {n for n, _ in tmp_warehouse.relations()}  # first use applies every migration
+    assert tmp_warehouse.migrate() == []
+    assert tmp_warehouse.applied_migrations() == [name for _, name, _ in migration_files()]
     assert {"tools", "environments", "trajectories", "runs", "rejections", "llm_cache", "v_environments", "v_trajectories"} <= names
+    assert tmp_warehouse.key_of("graph_edges") == ["server", "src", "dst"] and tmp_warehouse.key_of("tools") == ["id"]
+
+
+NEW_MIGRATION = """
+-- written for plain DuckDB, like every migration: a keyed table, an index, a view, a data change
+CREATE TABLE IF NOT EXISTS splits (env_id VARCHAR NOT NULL, split VARCHAR NOT NULL, weight DOUBLE DEFAULT 1.0,
+    created_at TIMESTAMP DEFAULT current_timestamp, PRIMARY KEY (env_id, split));
+CREATE INDEX IF NOT EXISTS splits_by_split ON splits (split);
+CREATE TABLE IF NOT EXISTS splits (env_id VARCHAR PRIMARY KEY);
+INSERT INTO splits (env_id, split) VALUES ('seed', 'train');
+CREATE OR REPLACE VIEW v_splits AS SELECT split, count(*) AS envs FROM splits GROUP BY split;
+"""
+
+
+def test_a_new_numbered_migration_written_for_duckdb_applies_to_the_lake(tmp_path):
+    migrations = [*migration_files(), (99, "0099_splits.sql", NEW_MIGRATION)]
+    store = LakeStore(LakeLocation.parse(str(tmp_path / "w.lake")), 30, migrations)
+    assert store.migrate()[-1] == "0099_splits.sql"
+    assert store.keys["splits"] == ["env_id", "split"]
+    with store.transaction() as con:  # the declared key makes inserts idempotent, default and NOT NULL kept
+        cols = "env_id, split"
+        select = "(SELECT * FROM (VALUES ('seed', 'train'), ('e1', 'eval')) v(env_id, split))"
+        assert store.insert_new(con, "splits", cols, select, [], store.keys["splits"]) == 1
+    with store.connect() as con:
+        assert con.execute("SELECT * FROM v_splits ORDER BY 1").fetchall() == [("eval", 1), ("train", 1)]
+        assert con.execute("SELECT count(*) FROM splits WHERE weight = 1.0 AND created_at IS NOT NULL").fetchone()[0] == 2
+        with pytest.raises(duckdb.Error, match="NOT NULL"):
+            con.execute("INSERT INTO splits (env_id) VALUES ('no-split')")
+    assert store.migrate() == []
 
 
 def test_upsert_is_idempotent_and_counts_new_rows(tmp_warehouse):
@@ -87,15 +121,15 @@ def test_export_tables_and_views(tmp_warehouse, tmp_path, fmt):
     assert (json.loads(record) if fmt == "parquet" else record)["server"] == "srv"
 
 
-def test_second_process_waits_for_the_lock_instead_of_failing(tmp_path):
+def test_single_file_second_process_waits_for_the_lock_instead_of_failing(tmp_path):
     path = tmp_path / "shared.duckdb"
-    Warehouse(path).upsert(_tools(1))
+    Warehouse(f"file:{path}").upsert(_tools(1))
     holder = duckdb.connect(str(path))  # this process holds the write lock...
     script = textwrap.dedent(
         f"""
         from arenaforge.schemas import Tool, FunctionDoc
         from arenaforge.warehouse import Warehouse
-        wh = Warehouse({str(path)!r}, lock_timeout_s=30)
+        wh = Warehouse({str(path)!r}, lock_timeout_s=30)  # an existing DuckDB file: the single-file layout
         n = wh.upsert([Tool(server="other", function=FunctionDoc(name="late"), source="openai")])
         print(n)
         """
@@ -110,12 +144,12 @@ def test_second_process_waits_for_the_lock_instead_of_failing(tmp_path):
     assert proc.returncode == 0, err
     assert out.strip() == "1"
     _MIGRATED.clear()
-    assert Warehouse(path).count("tools") == 2
+    assert Warehouse(path).layout == "single-file" and Warehouse(path).count("tools") == 2
 
 
-def test_lock_timeout_is_a_clear_error(tmp_path):
+def test_single_file_lock_timeout_is_a_clear_error(tmp_path):
     path = tmp_path / "locked.duckdb"
-    Warehouse(path).upsert(_tools(1))
+    Warehouse(f"file:{path}").upsert(_tools(1))
     script = f"import duckdb, time; c = duckdb.connect({str(path)!r}); print('held', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
@@ -127,9 +161,10 @@ def test_lock_timeout_is_a_clear_error(tmp_path):
         proc.wait()
 
 
-def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse):
-    """Group-commit writer threads and the caller's batch upserts open connections to the same file at
-    once (DuckDB 2.0's Arrow scans raced there: 'python_arrow_scan does not exist')."""
+def test_writer_threads_and_upserts_share_one_warehouse_without_errors(tmp_warehouse):
+    """Group-commit writer threads and the caller's batch upserts write at once from one process
+    (DuckDB 2.0's Arrow scans raced there: 'python_arrow_scan does not exist'); the writers' lock
+    lets them take turns."""
     import random
     import threading
     import time
@@ -138,12 +173,12 @@ def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse)
 
     writer = BufferedTableWriter(tmp_warehouse, "llm_calls", [
         ("call_id", "VARCHAR"), ("key", "VARCHAR"), ("model", "VARCHAR"), ("cached", "BOOLEAN"), ("attempts", "INTEGER"),
-        ("reasks", "INTEGER"), ("prompt_tokens", "INTEGER"), ("latency_s", "DOUBLE")], key="call_id", interval_s=0.001)
+        ("reasks", "INTEGER"), ("prompt_tokens", "INTEGER"), ("latency_s", "DOUBLE")], interval_s=0.001)
     errors: list[BaseException] = []
 
     def upserts(tag: str) -> None:
         try:
-            for i in range(150):
+            for i in range(40):
                 time.sleep(random.random() * 0.003)
                 tmp_warehouse.upsert(_tools(2, server=f"{tag}{i}"))
         except BaseException as err:  # noqa: BLE001 - collected and asserted below
@@ -152,7 +187,7 @@ def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse)
     threads = [threading.Thread(target=upserts, args=(tag,)) for tag in ("a", "b", "c")]
     for t in threads:
         t.start()
-    for i in range(600):
+    for i in range(300):
         writer.add({"call_id": f"c{i}", "key": "k", "model": "m", "cached": i % 2 == 0, "attempts": 1, "reasks": 0,
                     "prompt_tokens": None if i % 3 else i, "latency_s": 0.5})
         if i % 20 == 0:
@@ -161,6 +196,88 @@ def test_writer_threads_and_upserts_share_one_file_without_errors(tmp_warehouse)
         t.join()
     writer.close()
     assert errors == []
-    assert tmp_warehouse.count("tools") == 3 * 150 * 2
+    assert tmp_warehouse.count("tools") == 3 * 40 * 2
     _, rows = tmp_warehouse.query("SELECT count(*), count(prompt_tokens), sum(cached::INT) FROM llm_calls")
-    assert rows == [(600, 200, 300)]
+    assert rows == [(300, 100, 150)]
+
+
+# --------------------------------------------------------------------------- readers beside writers
+READER = textwrap.dedent(
+    """
+    import sys
+    import duckdb
+    # what `arenaforge db cli` runs first: the extensions by path, the catalog attached read-only
+    init = sys.argv[1]
+    con = duckdb.connect()
+    con.execute(init)
+    con.execute("BEGIN TRANSACTION")  # a session holding a transaction, like a notebook mid-analysis
+    print(con.execute("SELECT count(*) FROM tools").fetchone()[0], flush=True)
+    sys.stdin.readline()
+    print(con.execute("SELECT count(*) FROM tools").fetchone()[0], flush=True)  # same snapshot
+    con.execute("COMMIT")
+    print(con.execute("SELECT count(*) FROM v_tools").fetchone()[0], flush=True)  # the latest one
+    """
+)
+
+
+def test_a_reader_holding_a_transaction_never_blocks_writers(tmp_warehouse):
+    tmp_warehouse.upsert(_tools(3))
+    init = tmp_warehouse.cli_args()[1]
+    reader = subprocess.Popen([sys.executable, "-c", READER, init], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "3"  # the reader's transaction is open from here on
+        for i in range(5):  # with a single DuckDB file, each of these waited for the reader to leave
+            assert tmp_warehouse.upsert(_tools(4, server=f"w{i}")) == 4
+        assert tmp_warehouse.count("tools") == 23
+        reader.stdin.write("\n")
+        reader.stdin.flush()
+        assert reader.stdout.readline().strip() == "3"
+        assert reader.stdout.readline().strip() == "23"
+    finally:
+        out, err = reader.communicate(timeout=60)
+    assert reader.returncode == 0, err
+
+
+def test_writer_processes_on_a_sqlite_catalog_lose_and_duplicate_nothing(tmp_path):
+    location = str(tmp_path / "shared.lake")
+    Warehouse(location).relations()
+    news = run_writers(location, "", ["a", "b", "c"], tmp_path / "go")
+    _, rows = Warehouse(location).query(
+        "SELECT record->>'stage', count(*), count(DISTINCT record->>'subject') FROM rejections GROUP BY 1 ORDER BY 1")
+    assert rows == [("own", 300, 300), ("shared", 100, 100)]
+    assert sum(news) == 400  # every row counted as new exactly once across the writers
+
+
+def test_compaction_merges_small_files_and_keeps_every_row(tmp_warehouse):
+    for i in range(6):  # six commits: small files and rows inlined in the catalog
+        tmp_warehouse.upsert(_tools(12 if i % 2 else 3, server=f"s{i}"))
+    before = tmp_warehouse.store.storage()
+    done = tmp_warehouse.compact(older_than_hours=0)
+    after = done["after"]
+    assert before["inlined_rows"] > 0 and after["inlined_rows"] == 0
+    assert after["data_files"] < before["data_files"] + 1  # merged: fewer files than tables written + flushed
+    assert tmp_warehouse.count("tools") == 45
+    assert tmp_warehouse.upsert(_tools(12, server="s1")) == 0  # still idempotent over merged files
+
+
+def test_cli_opens_the_lake_read_only(tmp_warehouse):
+    from arenaforge.warehouse.extensions import cli_binary
+
+    tmp_warehouse.upsert(_tools(2))
+    done = subprocess.run([cli_binary(), "-csv", "-noheader", *tmp_warehouse.cli_args(), "-c",
+                           "SELECT count(*) FROM v_tools"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2"
+    refused = subprocess.run([cli_binary(), *tmp_warehouse.cli_args(), "-c", "DELETE FROM tools"],
+                             capture_output=True, text=True, timeout=120)
+    assert "read-only" in (refused.stdout + refused.stderr).lower()
+    assert tmp_warehouse.count("tools") == 2
+
+
+def test_a_write_inside_a_write_transaction_is_a_clear_error(tmp_warehouse):
+    with tmp_warehouse.transaction() as con:
+        con.execute("INSERT INTO graph_edges (server, src, dst, weight, origin) VALUES ('s', 'a', 'b', 1.0, 'dataflow')")
+        with pytest.raises(WarehouseError, match="already open in this thread"):
+            tmp_warehouse.upsert(_tools(1))  # would otherwise wait on the lock this thread holds
+    assert tmp_warehouse.count("graph_edges") == 1 and tmp_warehouse.count("tools") == 0

@@ -41,18 +41,13 @@ def show(
     run: str = typer.Option(None, "--run", help="Only rows written by this run (its run id)."),
 ) -> None:
     """Print rows of a table or view (its browsing view v_<table> when one exists); long cells are cut on screen."""
-    from arenaforge.warehouse.reports import relation_total
+    from arenaforge.warehouse.reports import browsing_name, relation_page
 
     wh = state(ctx).warehouse()
-    known = {n for n, _ in wh.relations()}
-    name = f"v_{table}" if f"v_{table}" in known else table
-    if run:
-        where = f"run_id = '{run.replace(chr(39), '')}'" + (f" AND ({where})" if where else "")
-    total = relation_total(wh, name, where)
-    sql = f'SELECT * FROM "{name}"' + (f" WHERE {where}" if where else "") + f" LIMIT {limit}"
-    columns, rows = wh.query(sql)
-    more = "; --limit N shows more" if total > len(rows) else ""
-    print_rows(columns, rows, title=f"{name}: {len(rows)} of {total} rows{' matching' if where else ''}{more}")
+    page = relation_page(wh, browsing_name(wh, table), where, run, limit)
+    more = "; --limit N shows more" if page.total > len(page.rows) else ""
+    matching = " matching" if where or run else ""
+    print_rows(page.columns, page.rows, title=f"{page.name}: {len(page.rows)} of {page.total} rows{matching}{more}")
 
 
 @app.command()
@@ -83,9 +78,58 @@ def export(
 
 
 @app.command()
-def migrate(ctx: typer.Context) -> None:
-    """Apply pending migrations (every command does this on first use)."""
+def migrate(
+    ctx: typer.Context,
+    from_file: str = typer.Option(None, "--from", help="A single-file warehouse (.duckdb) to copy into this one."),
+) -> None:
+    """Apply pending migrations; with --from, copy a single-file warehouse into this (DuckLake) one."""
     wh = state(ctx).warehouse()
-    with wh.connect() as con:
-        applied = con.execute("SELECT name FROM schema_migrations ORDER BY version").fetchall()
-    console.print("\n".join(name for (name,) in applied))
+    if from_file:
+        from arenaforge.warehouse.legacy import import_single_file
+
+        if wh.layout != "ducklake":
+            raise InputError(f"{wh.path} is a single DuckDB file; pass a new directory with --db, e.g. --db ./arenaforge.lake")
+        done = import_single_file(from_file, wh)
+        rows = [(table, n) for table, n in done["rows_copied"].items() if n]
+        print_rows(["table", "rows copied"], rows, title=f"{done['from']} -> {done['to']}")
+        if done["tables_skipped"]:
+            console.print(f"skipped (no such table here): {', '.join(done['tables_skipped'])}")
+        return
+    applied = wh.migrate()
+    console.print("\n".join(wh.applied_migrations()) + (f"\n(applied now: {', '.join(applied)})" if applied else ""))
+
+
+@app.command()
+def compact(
+    ctx: typer.Context,
+    older_than_hours: float = typer.Option(24.0, "--older-than-hours", min=0, help=(
+        "Drop snapshots (and files only they use) from before the UTC day this many hours ago; "
+        "readers holding an older snapshot would lose its files.")),
+) -> None:
+    """Maintenance: merge small Parquet files, flush rows inlined in the catalog, drop expired snapshots."""
+    wh = state(ctx).warehouse()
+    done = wh.compact(older_than_hours)
+    if "before" in done:
+        keys = list(done["before"])
+        print_rows(["", *keys], [("before", *done["before"].values()), ("after", *done["after"].values())],
+                   title=f"compacted {wh.path}")
+    else:
+        console.print(f"{wh.path}: single DuckDB file, checkpointed")
+
+
+@app.command()
+def cli(
+    ctx: typer.Context,
+    print_only: bool = typer.Option(False, "--print", help="Print the shell command instead of running it."),
+) -> None:
+    """Open the warehouse read-only in the DuckDB CLI (safe while flows write)."""
+    import os
+    import shlex
+
+    from arenaforge.warehouse.extensions import cli_binary
+
+    args = [cli_binary(), *state(ctx).warehouse().cli_args()]
+    if print_only:
+        typer.echo(shlex.join(args))
+        return
+    os.execv(args[0], args)

@@ -66,7 +66,7 @@ def _load_env(wh: Any, env_id: str) -> Any:
 
     env = wh.get(Environment, env_id)
     if env is None:
-        matches = wh.load(Environment, where="id LIKE ? OR record->>'name' = ?", params=[f"{env_id}%", env_id], limit=2)
+        matches = wh.load(Environment, where="id LIKE ? OR (record->>'name') = ?", params=[f"{env_id}%", env_id], limit=2)
         if len(matches) != 1:
             raise InputError(f"no environment {env_id!r} (see `arenaforge db show environments`)")
         env = matches[0]

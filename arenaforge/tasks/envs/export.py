@@ -198,7 +198,7 @@ FORMATS = ("verl", "harbor", "jsonl")
 
 def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
     """Environments that passed verification, optionally filtered (SQL over the environments table)."""
-    cond = "CAST(record->'verification'->>'passed' AS BOOLEAN)" + (f" AND ({where})" if where else "")
+    cond = "CAST((record->'verification'->>'passed') AS BOOLEAN)" + (f" AND ({where})" if where else "")
     return wh.load(Environment, where=cond, limit=limit)
 
 

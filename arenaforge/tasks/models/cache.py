@@ -3,7 +3,7 @@
 The cache key is `ChatRequest.cache_key(model)`. Entries for a model are loaded once per
 process on first use (one query), so a fully cached re-run makes no calls and opens the
 database once; new entries go through a group-commit writer, so a crashed run keeps every
-answer received up to the last ~0.2 s and resumes from there.
+answer received up to the last ~1 s and resumes from there.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ResponseCache:
         self._entries: dict[str, str] | None = None
         self._lock = threading.Lock()
         self._writer = BufferedTableWriter(
-            wh, "llm_cache", [("key", "VARCHAR"), ("model", "VARCHAR"), ("request", "JSON"), ("response", "JSON")], key="key")
+            wh, "llm_cache", [("key", "VARCHAR"), ("model", "VARCHAR"), ("request", "JSON"), ("response", "JSON")])
 
     def _load(self) -> dict[str, str]:
         with self._lock:
@@ -67,7 +67,7 @@ class UsageLedger:
         # Unique across processes and restarts without a uuid4 (os.urandom) per call.
         self._prefix = f"{os.getpid():x}-{time.time_ns():x}"
         self._counter = itertools.count()
-        self._writer = BufferedTableWriter(wh, "llm_calls", self.COLUMNS, key="call_id")
+        self._writer = BufferedTableWriter(wh, "llm_calls", self.COLUMNS)
 
     def record(self, key: str, step: str, model: str, response: ChatResponse | None, latency_s: float,
                cost_class: str = "sent", error: Exception | None = None) -> None:

@@ -185,7 +185,8 @@ def config_for(params: _Params) -> Config:
 
 
 def warehouse_for(cfg: Config) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s)
+    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
+                     data_path=cfg.warehouse.data_path)
 
 
 def model_path_for(path: str | None) -> str:

@@ -1,0 +1,59 @@
+"""The DuckDB extensions and CLI the warehouse uses, found in their PyPI packages.
+
+DuckLake and its catalog extensions ship on PyPI as packages whose version must equal duckdb's
+(`duckdb-extension-ducklake==X` goes with `duckdb==X`); nothing is downloaded at run time, every
+extension is LOADed by file path. The `-sqlite-scanner` / `-postgres-scanner` packages are the ones
+to use: the `-sqlite` / `-postgres` packages hold the same binary under a file name whose entry point
+DuckDB does not find.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from importlib import resources
+from pathlib import Path
+
+import duckdb
+
+from arenaforge.schemas.errors import WarehouseError
+
+# extension name -> the PyPI package (import name) that carries it
+PACKAGES = {
+    "ducklake": "duckdb_extension_ducklake",
+    "sqlite_scanner": "duckdb_extension_sqlite_scanner",
+    "postgres_scanner": "duckdb_extension_postgres_scanner",
+}
+
+
+def extension_path(name: str) -> str:
+    """Absolute path of the extension file matching the running duckdb; a one-line error when absent."""
+    version = duckdb.__version__
+    package = PACKAGES[name]
+    hint = f"pip install {package.replace('_', '-')}=={version}"
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError:
+        raise WarehouseError(f"the DuckDB extension {name} is not installed ({hint})") from None
+    path = Path(str(root)) / "extensions" / f"v{version}" / f"{name}.duckdb_extension"
+    if not path.is_file():
+        raise WarehouseError(f"no {name} extension for duckdb {version} in {root} ({hint})")
+    return str(path)
+
+
+def load_sql(names: list[str]) -> str:
+    """`LOAD '<path>';` for each extension, in order."""
+    return " ".join(f"LOAD '{_quote(extension_path(n))}';" for n in names)
+
+
+def cli_binary() -> str:
+    """The DuckDB CLI installed beside this Python (PyPI `duckdb-cli`, pinned to duckdb's version)."""
+    beside = Path(sys.executable).parent / "duckdb"
+    found = str(beside) if beside.is_file() else shutil.which("duckdb")
+    if found is None:
+        raise WarehouseError(f"no DuckDB CLI found (pip install duckdb-cli=={duckdb.__version__})")
+    return found
+
+
+def _quote(text: str) -> str:
+    return text.replace("'", "''")
