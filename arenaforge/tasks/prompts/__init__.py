@@ -26,10 +26,38 @@ class Prompt:
         return sha256_hex(self.text)[:16]
 
     def render(self, **values: Any) -> str:
-        try:
-            return string.Template(self.text).substitute(**{k: str(v) for k, v in values.items()})
-        except KeyError as err:
-            raise ConfigError(f"prompt {self.name!r} needs a value for ${err.args[0]}") from None
+        """The text with each `$name` / `${name}` replaced by `str(value)` and `$$` by `$`, as string.Template
+        substitutes it; the template is split once, so a render is one join (steps render on every request)."""
+        out = []
+        for literal, name in _parts(self.text):
+            out.append(literal)
+            if name is not None:
+                if name not in values:
+                    raise ConfigError(f"prompt {self.name!r} needs a value for ${name}")
+                out.append(str(values[name]))
+        return "".join(out)
+
+
+@functools.lru_cache(maxsize=256)  # a handful of template files; bounded in case texts are built at run time
+def _parts(text: str) -> tuple[tuple[str, str | None], ...]:
+    """(literal text, placeholder name or None) pairs of a string.Template text, in order."""
+    parts: list[tuple[str, str | None]] = []
+    literal, last = [], 0
+    for match in string.Template.pattern.finditer(text):
+        literal.append(text[last:match.start()])
+        last = match.end()
+        if match["escaped"] is not None:
+            literal.append("$")
+            continue
+        name = match["named"] or match["braced"]
+        if name is None:
+            raise ConfigError(f"invalid placeholder in a prompt template at offset {match.start()}: "
+                              f"{text[match.start():match.start() + 20]!r}")
+        parts.append(("".join(literal), name))
+        literal = []
+    literal.append(text[last:])
+    parts.append(("".join(literal), None))
+    return tuple(parts)
 
 
 @functools.lru_cache(maxsize=None)
