@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arenaforge.schemas.errors import WarehouseError
 from arenaforge.warehouse.db import Warehouse, migration_files
 from arenaforge.warehouse.lake_schema import declared_column_comments
 
@@ -54,7 +55,13 @@ def relation_page(wh: Warehouse, name: str, where: str = "", run_id: str | None 
     filters = [f"({where})"] if where else []
     params: list[object] = []
     if run_id is not None:
-        filters.append("run_id = ?")
+        columns = {column for column, _, _ in relation_columns(wh, name)}
+        if "run_id" in columns:
+            filters.append("run_id = ?")
+        elif name in ("runs", "v_runs"):  # a run's own row
+            filters.append("id = ?")
+        else:
+            raise WarehouseError(f"{name} has no run_id column, so --run cannot pick its rows; filter with --where")
         params.append(run_id)
     condition = f" WHERE {' AND '.join(filters)}" if filters else ""
     # One statement, so the count and the rows come from one snapshot while writers commit.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from pathlib import Path
 
 import pytest
@@ -87,3 +90,17 @@ def test_bad_where_and_unknown_view_are_user_errors(browse_db: Path) -> None:
     assert isinstance(res.exception, WarehouseError) and "query failed" in str(res.exception)
     res = CliRunner().invoke(app, ["--db", str(browse_db), "db", "show", "nope"])
     assert isinstance(res.exception, WarehouseError) and "unknown table or view 'nope'" in str(res.exception)
+
+
+def test_run_filter_on_every_view_as_a_user_types_it(browse_db: Path) -> None:
+    """`--run ID` picks a run's rows; on `runs` its own row; where a view has no run id, one clear line, exit 2."""
+    wh = Warehouse(browse_db)
+    run_id = wh.query("SELECT id FROM runs")[1][0][0]
+    code, out = _cli(browse_db, "db", "show", "environments", "--run", run_id)
+    assert code == 0 and "v_environments: 3 of 3 rows matching" in out, out
+    code, out = _cli(browse_db, "db", "show", "runs", "--run", run_id)
+    assert code == 0 and "v_runs: 1 of 1 rows matching" in out, out
+    shown = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(browse_db), "db", "show",
+                            "graph_edges", "--run", run_id], capture_output=True, text=True)
+    assert shown.returncode == 2, shown.stderr
+    assert shown.stderr.strip() == "error: v_graph_edges has no run_id column, so --run cannot pick its rows; filter with --where"

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from arenaforge.environments.reward import answer_matches, f1_reward
+from arenaforge.environments.reward import answer_matches, f1_reward, gold_call_passes
 from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall
 from arenaforge.tasks.envs.tool_data import Probe
 
@@ -48,7 +48,7 @@ async def check_environment(pool: Any, env: Environment, probes: dict[str, list[
                 no_timeout = False
                 failing.add(call.tool)
                 details.append(f"timeout: {call.tool} did not return within its limit")
-            elif obs.outcome != "ok" or not answer_matches(call.answer or "", obs.output):
+            elif not gold_call_passes(call.answer, obs.outcome, obs.output):  # None is a valid result
                 gold_ok = False
                 failing.add(call.tool)
                 details.append(f"wrong_answer: {call.tool}({json.dumps(call.arguments)}) gave "

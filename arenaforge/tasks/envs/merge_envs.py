@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from arenaforge.environments.reward import answer_matches
+from arenaforge.environments.reward import answer_matches, gold_call_passes
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.kinds_envs import EnvMerge, MergeMember
 from arenaforge.tasks.envs.tool_impl import BuildError, EnvDraft, ToolImpl, merge_data
@@ -139,11 +139,10 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
             if obs.outcome == "timeout":
                 return [f"timeout: {tool.name}({json.dumps(args)})"]
             for qa_id, call in golds:
-                hit = obs.outcome == "ok" and answer_matches(call.answer or "", obs.output)
-                if call.arguments == args and not hit:
+                if call.arguments == args and not gold_call_passes(call.answer, obs.outcome, obs.output):
                     failures.append(f"{qa_id}: wrong_answer: {tool.name}({json.dumps(args)}) gave "
-                                    f"{(obs.output or obs.error or '')[:120]!r}, expected {call.answer!r}")
-                elif call.arguments != args and hit:
+                                    f"{obs.outcome} {(obs.output or obs.error or '')[:120]!r}, expected {call.answer!r}")
+                elif call.arguments != args and obs.outcome == "ok" and answer_matches(call.answer or "", obs.output):
                     failures.append(f"{qa_id}: answer_leak: {tool.name}({json.dumps(args)}) also returns {call.answer!r}")
     finally:
         await pool.close(session)
