@@ -2,50 +2,22 @@
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.prefect_server import free_port
-from tests.support.requirements import skip_or_fail
-
-
-def _as_postgres(*cmd: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", "postgres", "--", *cmd], capture_output=True, text=True, timeout=120)
+from tests.support.postgres import postgres_cluster
 
 
 @pytest.fixture(scope="module")
 def postgres_catalog() -> Iterator[str]:
-    """A real PostgreSQL server on loopback (Debian's postgresql, as the postgres user) with an empty
-    database `lake`; yields its libpq conninfo."""
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-    if not bins or os.geteuid() != 0 or shutil.which("runuser") is None:
-        skip_or_fail("PostgreSQL server binaries (Debian postgresql, scripts/system-deps.sh) and root are needed")
-    bindir = bins[-1]
-    data = Path(tempfile.mkdtemp(prefix="af-pg-", dir="/tmp"))
-    os.chmod(data, 0o755)
-    shutil.chown(data, "postgres", "postgres")
-    port = free_port()
-    init = _as_postgres(f"{bindir}/initdb", "-D", str(data / "db"), "-A", "trust", "-U", "postgres")
-    assert init.returncode == 0, init.stderr
-    start = _as_postgres(f"{bindir}/pg_ctl", "-D", str(data / "db"), "-w", "-l", str(data / "log"),
-                         "-o", f"-p {port} -k {data} -c listen_addresses=127.0.0.1", "start")
-    assert start.returncode == 0, start.stderr
-    try:
-        made = _as_postgres(f"{bindir}/createdb", "-h", "127.0.0.1", "-p", str(port), "lake")
-        assert made.returncode == 0, made.stderr
-        yield f"host=127.0.0.1 port={port} dbname=lake user=postgres"
-    finally:
-        _as_postgres(f"{bindir}/pg_ctl", "-D", str(data / "db"), "-m", "immediate", "stop")
-        shutil.rmtree(data, ignore_errors=True)
+    """A real PostgreSQL server on loopback with an empty database `lake`; yields its libpq conninfo."""
+    with postgres_cluster("lake") as pg:
+        yield f"host=127.0.0.1 port={pg.port} dbname=lake user=postgres"
 
 
 # A writer process: waits for GO, then upserts 20 batches of 5 own + 5 shared rejections (the shared
