@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from arenaforge.environments.runtime.image import image_ref
+from arenaforge.environments.runtime.image import _image_exists, image_ref
 from arenaforge.environments.runtime.transports import DockerLauncher, DockerTransport, EngineUnreachable, Transport
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import ConfigError, SandboxError
@@ -65,7 +65,7 @@ class EnginesLauncher:
                 engine.launcher.client = await asyncio.to_thread(_client, engine.url)
             except Exception as err:  # noqa: BLE001 - the engine's own errors are translated at this boundary
                 raise SandboxError(f"the Docker engine {engine.url} (sandbox.engines) does not answer: {err}") from err
-        have = [await asyncio.to_thread(_has_image, e.launcher.client, ref) for e in self.engines]
+        have = [await asyncio.to_thread(_image_exists, e.launcher.client, ref) for e in self.engines]
         if not any(have):  # none has it: the first builds it (from the cached rootfs tar), the others copy it
             await self.engines[0].launcher.prepare()
             have[0] = True
@@ -111,22 +111,12 @@ def _client(url: str) -> Any:
     return client
 
 
-def _has_image(client: Any, ref: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(ref)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
 def copy_image(source: Any, dest: Any, ref: str) -> None:
     """Stream `ref` from one engine to another (`docker save | docker load`), never held whole in memory."""
     stream = source.api.get_image(ref, chunk_size=COPY_CHUNK)
     for _ in dest.api.load_image(stream):  # the engine's progress messages; drained so the load completes
         pass
-    if not _has_image(dest, ref):
+    if not _image_exists(dest, ref):
         raise SandboxError(f"loading {ref} into another Docker engine did not produce it")
 
 

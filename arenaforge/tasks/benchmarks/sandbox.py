@@ -63,6 +63,27 @@ def _stats(latencies: list[float], elapsed: float, concurrency: int) -> dict[str
     }
 
 
+async def drive_sessions(pool: Any, sessions: list[Any], tool: str, args: dict[str, Any], per: int) -> dict[str, Any]:
+    """Every session issues `per` calls back to back, all sessions at once: calls/s, latency percentiles, failures."""
+    import asyncio
+    import time
+
+    latencies: list[float] = []
+    failed = 0
+
+    async def drive(session: Any) -> None:
+        nonlocal failed
+        for _ in range(per):
+            t0 = time.perf_counter()
+            obs = await pool.call(session, tool, args)
+            latencies.append(time.perf_counter() - t0)
+            failed += obs.outcome != "ok"
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(drive(s) for s in sessions))
+    return {**_stats(latencies, time.perf_counter() - t0, len(sessions)), "failed": failed}
+
+
 async def main(
     levels: str = "1,16,64,256",
     trivial_calls: int = 6000,
@@ -129,22 +150,8 @@ async def main(
                     per = max(1, total // conc)
                     sessions = await asyncio.gather(*(pool.open(env) for _ in range(conc)))
                     await asyncio.gather(*(pool.call(s, "lookup", {"key": "answer"}) for s in sessions))  # warm
-                    latencies: list[float] = []
-                    bad = 0
-
-                    async def drive(session: Any) -> None:
-                        nonlocal bad
-                        for _ in range(per):
-                            t0 = time.perf_counter()
-                            obs = await pool.call(session, tool, args)
-                            latencies.append(time.perf_counter() - t0)
-                            bad += obs.outcome != "ok"
-
-                    t0 = time.perf_counter()
-                    await asyncio.gather(*(drive(s) for s in sessions))
-                    elapsed = time.perf_counter() - t0
+                    out[workload][str(conc)] = await drive_sessions(pool, sessions, tool, args, per)
                     await asyncio.gather(*(pool.close(s) for s in sessions))
-                    out[workload][str(conc)] = {**_stats(latencies, elapsed, conc), "failed": bad}
             if state_mb > 0:
                 out["stateful"] = await bench_state(pool)
             if module_kb > 0:

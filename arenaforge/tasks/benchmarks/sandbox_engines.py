@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from typing import Any
 
 from arenaforge.environments.runtime import create_pool
@@ -45,29 +44,15 @@ async def compare_engines(
 
 async def _measure(cfg: SandboxConfig, env: Environment, tool: str, args: dict[str, Any], calls: int,
                    concurrency: int) -> dict[str, Any]:
-    from arenaforge.tasks.benchmarks.sandbox import _stats
+    from arenaforge.tasks.benchmarks.sandbox import drive_sessions
 
-    per = max(1, calls // concurrency)
-    latencies: list[float] = []
-    failed = 0
     async with await create_pool(cfg) as pool:  # started before the clock: the workers are warm
-        sessions = await asyncio.gather(*(pool.open(env) for _ in range(concurrency)))
+        sessions = list(await asyncio.gather(*(pool.open(env) for _ in range(concurrency))))
         await asyncio.gather(*(pool.call(s, tool, args) for s in sessions))
         spread: dict[str, int] = {}
         for session in sessions:
             engine = getattr(session.worker.transport, "engine", "") or "default"
             spread[engine] = spread.get(engine, 0) + 1
-
-        async def drive(session: Any) -> None:
-            nonlocal failed
-            for _ in range(per):
-                t0 = time.perf_counter()
-                obs = await pool.call(session, tool, args)
-                latencies.append(time.perf_counter() - t0)
-                failed += obs.outcome != "ok"
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(drive(s) for s in sessions))
-        elapsed = time.perf_counter() - t0
+        measured = await drive_sessions(pool, sessions, tool, args, max(1, calls // concurrency))
         await asyncio.gather(*(pool.close(s) for s in sessions))
-    return {**_stats(latencies, elapsed, concurrency), "failed": failed, "sessions_per_engine": spread}
+    return {**measured, "sessions_per_engine": spread}
