@@ -128,3 +128,20 @@ def test_an_engine_that_does_not_answer_is_named_and_a_duplicate_is_refused() ->
         asyncio.run(create_pool(_config([DEFAULT_ENGINE, missing])))
     with pytest.raises(ConfigError, match="twice"):
         asyncio.run(create_pool(_config([DEFAULT_ENGINE, DEFAULT_ENGINE])))
+
+
+@pytest.mark.slow
+def test_bench_compares_the_pool_over_two_engines_with_one() -> None:
+    """`bench sandbox --engines`: the same calls with every worker on the first engine, then spread over both."""
+    from arenaforge.tasks.benchmarks.sandbox_engines import compare_engines
+
+    require_docker()
+    with second_dockerd() as second:
+        cfg = _config([])
+        result = asyncio.run(compare_engines(cfg, ENV, "bump", {}, [DEFAULT_ENGINE, second.url], calls=160,
+                                             concurrency=16, rounds=1))
+    one, both = result["runs"]["one_engine"][0], result["runs"]["all_engines"][0]
+    assert one["calls"] == both["calls"] == 160 and one["failed"] == both["failed"] == 0
+    assert one["sessions_per_engine"] == {DEFAULT_ENGINE: 16}
+    assert both["sessions_per_engine"] == {DEFAULT_ENGINE: 8, second.url: 8}
+    assert result["all_over_one"] == round(both["calls_per_s"] / one["calls_per_s"], 2)
