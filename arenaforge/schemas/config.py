@@ -91,6 +91,11 @@ class SandboxConfig(_Section):
 
     backend: Literal["auto", "docker", "process"] = Field(default="auto", description="auto: docker if an engine answers.")
     image: str = Field(default="arenaforge-sandbox", description="Base image name (tag is the recipe hash).")
+    engines: list[str] = Field(
+        default_factory=list,
+        description="Docker engines to spread worker containers over (unix:///... or tcp://...); "
+        "empty: the one engine DOCKER_HOST or the default socket names.",
+    )
     pool_size: int = Field(default=4, ge=1, description="Warm worker containers.")
     max_concurrency: int = Field(default=256, ge=1, description="Opens and calls in flight at once, across sessions.")
     call_timeout_s: float = Field(

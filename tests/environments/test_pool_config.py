@@ -60,7 +60,7 @@ def test_output_limit_is_configurable() -> None:
 
 
 def test_auto_falls_back_to_process_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda: False)
+    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda url=None: False)
 
     async def scenario() -> str:
         async with await create_pool(sandbox_config("auto", pool_size=1)) as pool:
@@ -211,7 +211,7 @@ def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     async def broken(self: DockerLauncher) -> None:
         raise SandboxError("debootstrap is not installed")
 
-    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda: True)
+    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda url=None: True)
     monkeypatch.setattr(DockerLauncher, "prepare", broken)
 
     async def scenario(backend: str) -> str:

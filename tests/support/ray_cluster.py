@@ -22,8 +22,11 @@ def _free_port() -> int:
 
 
 class RayCluster:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, worker_nodes: int = 1, cpus: int = 1, logical_gpus: int = 0) -> None:
         self.work = work
+        self.worker_nodes = worker_nodes
+        self.cpus = cpus
+        self.logical_gpus = logical_gpus  # GPUs the nodes advertise to Ray's scheduler (a count; none need exist)
         self.address = ""
         self.nodes: list[subprocess.Popen] = []
 
@@ -31,14 +34,15 @@ class RayCluster:
         ray = str(Path(sys.executable).with_name("ray"))
         port = _free_port()
         self.address = f"127.0.0.1:{port}"
-        common = ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats",
-                  f"--object-store-memory={100 * 2**20}"]
+        common = ["--block", "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", f"--num-gpus={self.logical_gpus}",
+                  "--disable-usage-stats", f"--object-store-memory={100 * 2**20}"]
         head = [ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
                 f"--temp-dir={self.work / 'ray'}", *common]
         self.nodes.append(self._node(head, "head"))
         self._wait_for_nodes(1)
-        self.nodes.append(self._node([ray, "start", f"--address={self.address}", *common], "worker"))
-        self._wait_for_nodes(2)
+        for n in range(self.worker_nodes):
+            self.nodes.append(self._node([ray, "start", f"--address={self.address}", *common], f"worker{n}"))
+            self._wait_for_nodes(2 + n)
 
     def _node(self, argv: list[str], name: str) -> subprocess.Popen:
         log = (self.work / f"ray-{name}.log").open("w")

@@ -200,3 +200,45 @@ def test_configured_ray_address_submits_the_verl_job(tmp_path):
     assert report["job_id"].startswith("ray-check-") and report["jobs_on_head"] == [report["job_id"]]
     assert report["entrypoint"].startswith("python -m verl.trainer.main_ppo ")
     assert "verl==0.9.1" in json.dumps(report["pip"])
+
+
+def _trainer_check(tmp_path, logical_gpus: int) -> dict:
+    import subprocess
+
+    from tests.support.requirements import REPO, require_verl_venv
+
+    python = require_verl_venv()
+    proc = subprocess.run([str(python), "-m", "tests.support.verl_trainer_check", str(tmp_path), str(logical_gpus)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1500,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
+                               "ARENAFORGE_SANDBOX__BACKEND": "process"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    # every step before the first GPU need ran: verl accepted our overrides, the driver joined the Ray head, and the
+    # trainer (a Ray actor on it) loaded the tokenizer, read our Parquet with RLHFDataset and built its dataloaders
+    assert report["config_valid"] and report["connected_to_head"], report
+    assert report["dataset_lengths"] == [4, 1] and report["dataloaders"], report
+    return report
+
+
+@pytest.mark.slow
+def test_stock_verl_trainer_runs_on_a_ray_head_until_it_asks_ray_for_gpus(tmp_path):
+    """`python -m verl.trainer.main_ppo` with our job's overrides on a real Ray head with no GPU: everything up to
+    the workers runs; it stops where verl's ResourcePoolManager asks Ray for GPU bundles (it always does)."""
+    report = _trainer_check(tmp_path, logical_gpus=0)
+    assert report["returncode"] != 0
+    assert report["error"] == ["ValueError", "Total available GPUs 0 is less than total desired GPUs 1"], report
+    assert report["verl_frames"][-2:] == ["verl/single_controller/ray/base.py:create_resource_pool",
+                                          "verl/single_controller/ray/base.py:_check_resource_available"], report
+
+
+@pytest.mark.slow
+def test_stock_verl_trainer_with_a_logical_gpu_stops_at_the_nccl_process_group(tmp_path):
+    """The same on a head that advertises one GPU to Ray's scheduler (no device behind it): Ray places verl's
+    actor/rollout worker, whose first act is a torch.distributed group with NCCL for the accelerator, which a CPU
+    build of torch does not have."""
+    report = _trainer_check(tmp_path, logical_gpus=1)
+    assert report["returncode"] != 0
+    assert report["error"] == ["RuntimeError", "Distributed package doesn't have NCCL built in"], report
+    assert "verl/workers/engine_workers.py:init_model" in report["verl_frames"], report
+    assert report["verl_frames"][-1] == "verl/utils/distributed.py:initialize_global_process_group_ray", report

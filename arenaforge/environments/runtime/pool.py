@@ -50,12 +50,8 @@ from arenaforge.environments.runtime.errors import (
     WorkerLost,
 )
 from arenaforge.environments.runtime.worker.execution import STATE_TOOL
-from arenaforge.environments.runtime.transports import (
-    DockerLauncher,
-    Launcher,
-    ProcessLauncher,
-    docker_engine_answers,
-)
+from arenaforge.environments.runtime.engines import docker_launcher, on_least_loaded_engine
+from arenaforge.environments.runtime.transports import Launcher, ProcessLauncher, docker_engine_answers
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import Environment, GoldCall, ToolObservation
@@ -232,7 +228,7 @@ class Pool:
             self.workers[index] = task.result()
 
     async def _pick_worker(self, key: str) -> WorkerConnection:
-        live = [w for w in self.workers if w is not None and w.alive]
+        live = on_least_loaded_engine([w for w in self.workers if w is not None and w.alive])
         if live:  # the least busy, preferring one that has the environment loaded already
             return min(live, key=lambda w: (len(w.sessions) + (0 if key in w.loaded else 2), w.index))
         dead = [i for i, w in enumerate(self.workers) if w is None or not w.alive]
@@ -490,10 +486,11 @@ class Pool:
             "sessions": len(self._sessions),
             "replaced": self.replaced,
             "templates": sum(len(w.loaded) for w in self.workers if w is not None and w.alive),
+            **({"engines": self.launcher.stats()} if hasattr(self.launcher, "stats") else {}),
         }
 
 
-LAUNCHERS = {"docker": DockerLauncher, "process": ProcessLauncher}
+LAUNCHERS = {"docker": docker_launcher, "process": ProcessLauncher}
 
 
 async def create_pool(cfg: SandboxConfig | None = None) -> Pool:
@@ -501,7 +498,9 @@ async def create_pool(cfg: SandboxConfig | None = None) -> Pool:
     cfg = cfg or SandboxConfig()
     backend = cfg.backend
     if backend == "auto":
-        backend = "docker" if await asyncio.to_thread(docker_engine_answers) else "process"
+        engines = cfg.engines or [None]
+        answers = await asyncio.gather(*(asyncio.to_thread(docker_engine_answers, url) for url in engines))
+        backend = "docker" if any(answers) else "process"
         if backend == "process":
             log.warning(
                 "no Docker engine answers: using the process sandbox backend (weaker isolation, docs/SANDBOX.md); "

@@ -195,14 +195,17 @@ def _paths_to_hide(stdlib: str) -> list[str]:
 class DockerTransport:
     """The worker's stdin/stdout through the engine's attach stream (stdout arrives in 8-byte-header frames)."""
 
-    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Any) -> None:
+    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Any,
+                 engine: str = "") -> None:
         self.container = container
+        self.engine = engine  # the engine's address ("" for the default one)
         self.name = f"docker-{container.short_id}"
         self.reader = reader
         self.writer = writer
         self.raw = raw
         self.lines = bytearray()
         self.eof = False
+        self.killed = False
 
     def write(self, data: bytes) -> None:
         self.writer.write(data)
@@ -233,7 +236,12 @@ class DockerTransport:
             except (asyncio.IncompleteReadError, ConnectionError, OSError):
                 self.eof = True
 
+    @property
+    def live(self) -> bool:
+        return not (self.eof or self.killed)
+
     async def kill(self) -> None:
+        self.killed = True
         try:
             self.writer.close()
         except Exception:  # noqa: BLE001 - the socket may already be gone
@@ -243,6 +251,7 @@ class DockerTransport:
 
 def _remove_container(container: Any) -> None:
     import docker.errors
+    import requests
 
     try:
         container.remove(force=True)
@@ -251,22 +260,32 @@ def _remove_container(container: Any) -> None:
     except docker.errors.APIError as err:
         if "already in progress" not in str(err):
             log.warning("could not remove container %s: %s", container.short_id, err)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as err:  # its engine is gone
+        log.info("could not reach the engine to remove container %s: %s", container.short_id, err)
 
 
-def docker_client(timeout: int = 60) -> Any:
+class EngineUnreachable(SandboxError):
+    """A Docker engine did not answer at all (its daemon stopped or its socket is gone), as opposed to refusing."""
+
+
+def docker_client(timeout: int = 60, base_url: str | None = None) -> Any:
     import docker
 
+    if base_url:
+        return docker.DockerClient(base_url=base_url, timeout=timeout)
     return docker.from_env(timeout=timeout)
 
 
-def docker_engine_answers() -> bool:
+def docker_engine_answers(base_url: str | None = None) -> bool:
     try:
-        client = docker_client(timeout=5)
+        client = docker_client(timeout=5, base_url=base_url)
         client.ping()
         client.close()
         return True
     except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine"
         return False
+
+
 
 
 class DockerLauncher:
@@ -277,14 +296,16 @@ class DockerLauncher:
     can_setuid = True
     hide_paths: list[str] = []
 
-    def __init__(self, cfg: SandboxConfig) -> None:
+    def __init__(self, cfg: SandboxConfig, base_url: str | None = None) -> None:
         self.cfg = cfg
+        self.base_url = base_url  # None: the engine DOCKER_HOST or the default socket names
         self.client: Any = None
         self.image = ""
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     async def prepare(self) -> None:
-        self.client = await asyncio.to_thread(docker_client)
+        if self.client is None:
+            self.client = await asyncio.to_thread(docker_client, 60, self.base_url)
         self.image = await asyncio.to_thread(build_image, self.client, self.cfg.image)
         await asyncio.to_thread(self._reap_stale)
 
@@ -337,14 +358,17 @@ class DockerLauncher:
 
     async def launch(self, index: int) -> Transport:
         import docker.errors
+        import requests
 
         try:
             container, raw = await asyncio.to_thread(self._create, index)
-        except docker.errors.DockerException as err:
+        except requests.exceptions.ConnectionError as err:
+            raise EngineUnreachable(f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
             raise SandboxError(f"cannot start a sandbox container: {err}") from err
         raw.setblocking(False)
         reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
-        return DockerTransport(container, reader, writer, raw)
+        return DockerTransport(container, reader, writer, raw, self.base_url or "")
 
     async def close(self) -> None:
         if self.client is not None:

@@ -16,6 +16,8 @@ close, 20 ms) and as many back to back, and `state_concurrency` opens at once, t
 concurrent opens all succeed. Then `large_module`: opens and whole episodes (open, 8 calls, close) of a
 BFCL-size class module (`module_kb` of code, `large_module`), through the zygote's per-version template
 beside a new version at every open (parsed and compiled each time), in the same pool; goal: open p50 <= 5 ms.
+With `--engines A,B,...` (Docker engine addresses), also trivial calls/s with the pool's workers spread over
+all those engines beside all on the first, alternated in the same run (`sandbox_engines`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,27 @@ def _stats(latencies: list[float], elapsed: float, concurrency: int) -> dict[str
     }
 
 
+async def drive_sessions(pool: Any, sessions: list[Any], tool: str, args: dict[str, Any], per: int) -> dict[str, Any]:
+    """Every session issues `per` calls back to back, all sessions at once: calls/s, latency percentiles, failures."""
+    import asyncio
+    import time
+
+    latencies: list[float] = []
+    failed = 0
+
+    async def drive(session: Any) -> None:
+        nonlocal failed
+        for _ in range(per):
+            t0 = time.perf_counter()
+            obs = await pool.call(session, tool, args)
+            latencies.append(time.perf_counter() - t0)
+            failed += obs.outcome != "ok"
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(drive(s) for s in sessions))
+    return {**_stats(latencies, time.perf_counter() - t0, len(sessions)), "failed": failed}
+
+
 async def main(
     levels: str = "1,16,64,256",
     trivial_calls: int = 6000,
@@ -76,6 +99,10 @@ async def main(
     state_concurrency: int = 64,
     module_kb: float = 240.0,
     module_opens: int = 40,
+    engines: str = "",
+    engine_calls: int = 4000,
+    engine_concurrency: int = 64,
+    engine_rounds: int = 3,
 ) -> dict:
     """Pool vs docker-run vs subprocess per call (calls/s, p50/p99 at each concurrency level); opens of a 7 MB-state env."""
     import asyncio
@@ -123,22 +150,8 @@ async def main(
                     per = max(1, total // conc)
                     sessions = await asyncio.gather(*(pool.open(env) for _ in range(conc)))
                     await asyncio.gather(*(pool.call(s, "lookup", {"key": "answer"}) for s in sessions))  # warm
-                    latencies: list[float] = []
-                    bad = 0
-
-                    async def drive(session: Any) -> None:
-                        nonlocal bad
-                        for _ in range(per):
-                            t0 = time.perf_counter()
-                            obs = await pool.call(session, tool, args)
-                            latencies.append(time.perf_counter() - t0)
-                            bad += obs.outcome != "ok"
-
-                    t0 = time.perf_counter()
-                    await asyncio.gather(*(drive(s) for s in sessions))
-                    elapsed = time.perf_counter() - t0
+                    out[workload][str(conc)] = await drive_sessions(pool, sessions, tool, args, per)
                     await asyncio.gather(*(pool.close(s) for s in sessions))
-                    out[workload][str(conc)] = {**_stats(latencies, elapsed, conc), "failed": bad}
             if state_mb > 0:
                 out["stateful"] = await bench_state(pool)
             if module_kb > 0:
@@ -284,6 +297,13 @@ async def main(
             result["docker_run"] = await bench_one_shot(argv, docker_run_calls, docker_run_concurrency)
         else:
             result["docker_run"] = None
+        engine_list = [e.strip() for e in engines.split(",") if e.strip()]
+        if len(engine_list) > 1:
+            from arenaforge.tasks.benchmarks.sandbox_engines import compare_engines
+
+            tool, args = WORKLOADS["trivial"]
+            result["engines"] = await compare_engines(cfg, env, tool, args, engine_list, engine_calls,
+                                                      engine_concurrency, engine_rounds)
         result["loadavg_after"] = [round(x, 1) for x in os.getloadavg()]
         return result
 
@@ -352,6 +372,12 @@ def _print_table(result: dict[str, Any]) -> None:
                     f"{module['template_open_back_to_back']['p50_ms']} ms), episodes {t['episode_calls_per_s']} calls/s; "
                     f"compiled at every open: open p50/p99 {u['open']['p50_ms']}/{u['open']['p99_ms']} ms, "
                     f"episodes {u['episode_calls_per_s']} calls/s")
+    engines = result.get("engines")
+    if engines:
+        rows.append(f"engines {', '.join(engines['engines'])}: trivial calls/s at concurrency {engines['concurrency']} "
+                    f"(median of {len(engines['runs']['one_engine'])}), one engine "
+                    f"{engines['calls_per_s_median']['one_engine']}, all engines {engines['calls_per_s_median']['all_engines']}"
+                    f" ({engines['all_over_one']}x)")
     for name, by_workload in result.get("ratios", {}).items():
         for workload, by_conc in by_workload.items():
             rows.append(f"{name} {workload}: " + ", ".join(f"c={c}: {r}x" for c, r in by_conc.items()))

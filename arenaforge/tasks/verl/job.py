@@ -62,6 +62,7 @@ class VerlJob:
 def hydra_overrides(spec: VerlJobSpec, files: VerlFiles) -> list[str]:
     """verl 0.9.1 overrides of `verl/trainer/config/ppo_trainer.yaml` for ASTRA's recipe on `files`."""
     ppo_mini = max(1, spec.train_batch_size // 4)
+    tokens = spec.max_prompt_length + spec.max_response_length  # one whole episode fits a micro-batch
     return [
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
@@ -84,6 +85,14 @@ def hydra_overrides(spec: VerlJobSpec, files: VerlFiles) -> list[str]:
         "actor_rollout_ref.actor.clip_ratio_high=0.28",
         "actor_rollout_ref.actor.loss_agg_mode=token-mean",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={ppo_mini}",
+        # micro-batches by token count (episodes differ widely in length); verl refuses a config with neither this
+        # nor a fixed micro-batch size per GPU
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={tokens}",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+        f"actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={tokens}",
+        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+        f"actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={tokens}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.mode=async",
         f"actor_rollout_ref.rollout.n={spec.group_size}",

@@ -1,0 +1,103 @@
+"""A throwaway second Docker engine: its own socket, data root and exec root, removed with everything it made.
+
+Needs root (as the default engine does). The default engine is never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from arenaforge.environments.runtime.transports import docker_engine_answers
+from tests.support.requirements import skip_or_fail
+
+START_DEADLINE_S = 120
+
+
+@dataclass
+class SecondEngine:
+    url: str
+    root: Path
+    proc: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        """SIGKILL the daemon (and its containerd), as a host losing its engine would; containers may live on."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+
+@contextlib.contextmanager
+def second_dockerd() -> Iterator[SecondEngine]:
+    """Start `dockerd` on a socket of its own and wait until it answers; on exit remove its containers, mounts
+    and directories."""
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        skip_or_fail("a second Docker engine needs root and dockerd")
+    root = Path(tempfile.mkdtemp(prefix="af-dockerd-", dir="/tmp"))  # short: a unix socket path has 107 bytes
+    url = f"unix://{root}/docker.sock"
+    log = (root / "dockerd.log").open("wb")
+    proc = subprocess.Popen(
+        ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false", "--host", url,
+         "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid")],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    engine = SecondEngine(url, root, proc)
+    try:
+        deadline = time.monotonic() + START_DEADLINE_S
+        while not docker_engine_answers(url):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (root / "dockerd.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the second dockerd did not come up (exit {proc.poll()}): {tail}")
+            time.sleep(0.2)  # polling the condition (the engine answers), not a timed wait
+        yield engine
+    finally:
+        engine.kill()
+        log.close()
+        _remove_leftovers(root)
+
+
+def _processes_under(root: Path) -> list[int]:
+    """Containerd shims of this engine (their command line names its exec root), then everything below them."""
+    shims = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if b"containerd-shim" in cmdline and str(root).encode() in cmdline:
+                shims.append(int(entry.name))
+    found = list(shims)
+    for pid in shims:
+        found += _descendants(pid)
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    try:
+        kids = [int(x) for x in children.read_text().split()]
+    except OSError:
+        return out
+    for kid in kids:
+        out += [kid, *_descendants(kid)]
+    return out
+
+
+def _remove_leftovers(root: Path) -> None:
+    for pid in reversed(_processes_under(root)):  # children before their shim
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(str(root))), reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+    shutil.rmtree(root, ignore_errors=True)
