@@ -256,9 +256,10 @@ def import_harbor_cmd(
     with recorded_run(wh, "envs-import-harbor", {"root": str(Path(root).resolve()), "suite": suite,
                                                  "build_args": args}) as (run, counts):
         envs, rejections = asyncio.run(go())
-        theirs = [e.model_copy(update={"run_id": run.id}) if e.container is not None else e for e in envs]
+        # run ids stay out of record ids: an environment already stored (ours, or a re-import) keeps its row
+        envs = [e.model_copy(update={"run_id": run.id}) for e in envs]
         rejections = [r.model_copy(update={"run_id": run.id}) for r in rejections]
-        counts["new"] = wh.upsert(theirs) if theirs else 0
+        counts["new"] = wh.upsert(envs) if envs else 0
         counts["rejected"] = len(rejections)
         if rejections:
             wh.upsert(rejections)

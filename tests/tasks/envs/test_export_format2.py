@@ -21,6 +21,7 @@ from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.envs.export import write_harbor, write_verl
 from arenaforge.tasks.envs.import_harbor import import_tasks
+from arenaforge.warehouse import Warehouse
 from tests.support.harbor import ToolsService
 from tests.support.requirements import require_bfcl
 
@@ -97,6 +98,13 @@ def test_exported_harbor_tasks_import_back_as_the_same_environments(bfcl_envs, t
     assert rejections == [] and [e.id for e in envs] == sorted((e.id for e in bfcl_envs), key=lambda i: next(
         e.name for e in bfcl_envs if e.id == i))
     assert all(e.container is None for e in envs) and envs == sorted(bfcl_envs, key=lambda e: e.name)
+    db = tmp_path / "wh.duckdb"
+    for new in (2, 0):  # into a fresh warehouse, then again: nothing added
+        res = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "envs", "import", "harbor",
+                              str(tmp_path / "harbor")], capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0 and json.loads(res.stdout)["new"] == new and json.loads(res.stdout)["ours"] == 2, res.stderr
+    stored = Warehouse(db).load(Environment)
+    assert sorted(e.id for e in stored) == sorted(e.id for e in bfcl_envs) and all(e.modules and e.tool_turns for e in stored)
     record = tmp_path / "harbor" / bfcl_envs[0].name / "tests" / "environment.json"
     record.write_text(record.read_text().replace('"calls":[', '"calls":[{"tool":"ls","arguments":{}},', 1))
     _, edited = asyncio.run(import_tasks(TaskContainers(), tmp_path / "harbor" / bfcl_envs[0].name, "harbor"))
