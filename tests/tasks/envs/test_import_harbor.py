@@ -55,14 +55,15 @@ def base_image() -> str:
     return f"{cfg.image}-base:{rootfs_hash()}"
 
 
-def write_task(root: Path, name: str, base: str, *, solution: str | None = SUM_SOLUTION) -> Path:
+def write_task(root: Path, name: str, base: str, *, solution: str | None = SUM_SOLUTION, from_arg: bool = False) -> Path:
     d = root / name
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
     (d / "instruction.md").write_text("Write the sum of the numbers in /app/numbers.txt to /app/answer.txt.\n")
     (d / "task.toml").write_text(f'version = "1.0"\n\n[metadata]\nname = "{name}"\n\n[verifier]\ntimeout_sec = 60.0\n\n'
                                  '[agent]\ntimeout_sec = 120.0\n')
-    (d / "environment" / "Dockerfile").write_text(f"FROM {base}\nCOPY numbers.txt /app/numbers.txt\nWORKDIR /app\n")
+    head = f"ARG BASE_IMAGE={base}\nFROM ${{BASE_IMAGE}}" if from_arg else f"FROM {base}"  # the first: as our export writes
+    (d / "environment" / "Dockerfile").write_text(f"{head}\nCOPY numbers.txt /app/numbers.txt\nWORKDIR /app\n")
     (d / "environment" / "numbers.txt").write_text("3\n4\n5\n")
     (d / "tests" / "test.sh").write_text(SUM_TESTS)
     if solution is not None:
@@ -135,9 +136,13 @@ def test_others_tasks_import_with_their_own_tests_as_native_metric(base_image: s
 
 
 def test_eval_suite_command_runs_an_imported_harbor_suite(base_image: str, tmp_path: Path) -> None:
-    write_task(tmp_path / "tasks", "sum-numbers", base_image)
+    write_task(tmp_path / "tasks", "sum-numbers", "python:3.11-slim-not-here", from_arg=True)
     db = tmp_path / "wh.duckdb"
-    assert cli(db, "envs", "import", "harbor", str(tmp_path / "tasks"), "--suite", "my-harbor").returncode == 0
+    refused = cli(db, "envs", "import", "harbor", str(tmp_path / "tasks"), "--suite", "my-harbor")
+    assert refused.returncode == 2 and "python:3.11-slim-not-here is not present locally" in refused.stderr
+    built = cli(db, "envs", "import", "harbor", str(tmp_path / "tasks"), "--suite", "my-harbor",
+                "--build-arg", f"BASE_IMAGE={base_image}")  # built from a local image instead
+    assert built.returncode == 0 and json.loads(built.stdout)["new"] == 1, built.stderr
     res = cli(db, "eval", "run", "--suite", "my-harbor", "--engine", "hf", "--model-path", str(tiny_model_path()),
               "--max-turns", "2", "--max-length", "64", "--max-tokens-per-turn", "16")
     assert res.returncode == 0, res.stderr
@@ -145,6 +150,19 @@ def test_eval_suite_command_runs_an_imported_harbor_suite(base_image: str, tmp_p
     # an untrained tiny model does not solve it: its own tests say so (0, not a failure of the environment)
     assert result["suite"] == "my-harbor" and result["native"] == 0.0 and result["episodes"] == 1
     assert "env_failure" not in result["statuses"]
+
+
+def test_from_images_are_read_with_arg_defaults_build_args_and_stages() -> None:
+    from arenaforge.environments.task_image import base_images
+    from arenaforge.schemas.models import ContainerTask
+
+    def images(dockerfile: str, **build_args: str) -> list[str]:
+        return base_images(ContainerTask(dockerfile=dockerfile, tests={"test.sh": ""}, build_args=build_args))
+
+    exported = "ARG BASE_IMAGE=python:3.11-slim\nFROM ${BASE_IMAGE}\nRUN true\n"
+    assert images(exported) == ["python:3.11-slim"] and images(exported, BASE_IMAGE="local:1") == ["local:1"]
+    assert images("FROM --platform=linux/amd64 golang:1 AS build\nRUN make\nFROM build\nFROM scratch\n") == ["golang:1"]
+    assert images("ARG V=3\nFROM python:${V:-2}-slim\n") == ["python:3-slim"]
 
 
 def test_a_task_that_is_not_one_is_a_rejection_and_nothing_imported_exits_2(tmp_path: Path) -> None:
