@@ -78,7 +78,10 @@ def read_task(path: Path, suite: str, build_args: dict[str, str] | None = None) 
         return _reject(path, RejectReason.NOT_A_TASK, f"not a Harbor task: {str(err).splitlines()[0]}")
     if RECORD_FILE in files:
         return _ours(path, meta, files[RECORD_FILE])
-    return _theirs(path, meta, files, suite, build_args or {})
+    try:
+        return _theirs(path, meta, files, suite, build_args or {})
+    except (TypeError, ValueError) as err:  # e.g. a timeout_sec that is not a positive number
+        return _reject(path, RejectReason.NOT_A_TASK, f"not a Harbor task: task.toml: {str(err).splitlines()[0]}")
 
 
 def _ours(path: Path, meta: dict[str, Any], record: str) -> Environment | Rejection:

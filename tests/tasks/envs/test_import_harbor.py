@@ -21,6 +21,7 @@ from arenaforge.environments.containers import RoutedPool, TaskContainers
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment, Rejection
 from arenaforge.tasks.envs.export import export_environments
+from arenaforge.tasks.envs.import_harbor import read_task
 from arenaforge.tasks.policy.scripted import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
@@ -172,5 +173,9 @@ def test_a_task_that_is_not_one_is_a_rejection_and_nothing_imported_exits_2(tmp_
     res = cli(tmp_path / "wh.duckdb", "envs", "import", "harbor", str(d))
     assert res.returncode == 2, res.stderr
     assert "not a Harbor task: instruction.md, environment/Dockerfile, tests/test.sh missing" in res.stderr
+    bad = write_task(tmp_path / "bad", "bad-timeout", "unused")
+    (bad / "task.toml").write_text('[agent]\ntimeout_sec = "soon"\n')
+    read = read_task(bad, "my-harbor")
+    assert isinstance(read, Rejection) and read.reason == "not_a_task" and "task.toml" in read.detail
     missing = cli(tmp_path / "wh.duckdb", "envs", "import", "harbor", str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.strip().endswith("no such directory")
