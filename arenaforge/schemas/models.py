@@ -269,12 +269,15 @@ class NativeCheck(Frozen):
     """How an imported suite scores an episode itself, kept beside our F1 (`arenaforge eval --suite`)."""
 
     suite: str = Field(description="The suite the environment was imported into (`eval --suite NAME`).")
-    kind: Literal["state_hash", "bfcl_multi_turn"] = Field(
+    kind: Literal["state_hash", "bfcl_multi_turn", "harbor_tests"] = Field(
         description="state_hash: the episode's final session state (Pool.state) must hash to gold_state_sha256. "
                     "bfcl_multi_turn: BFCL's checks after every turn with gold calls: the state check (the classes' "
                     "state hashes to the turn's state_sha256) and the response check (every one of the turn's "
-                    "gold_results is among the episode's results so far).")
-    gold_state_sha256: str = Field(description="SHA-256 of the canonical JSON of the state after the gold calls.")
+                    "gold_results is among the episode's results so far). "
+                    "harbor_tests: the task's own tests/test.sh, run in the episode's container after the agent's "
+                    "turn, must write a reward of at least 1 to /logs/verifier/reward.txt (or reward.json).")
+    gold_state_sha256: str = Field(default="", description="SHA-256 of the canonical JSON of the state after the gold "
+                                                           "calls (empty for harbor_tests: the container is the state).")
     source: str = Field(description="Where the environment came from: the file(s) and the SHA-256 of their bytes, "
                                     "or the suite's version and task id.")
     turns: list[dict[str, Any]] = Field(
@@ -282,13 +285,29 @@ class NativeCheck(Frozen):
                                           "their results (gold_results) and the state's hash after them (state_sha256).")
 
 
-FORMAT_2_FIELDS = ("modules", "tool_turns", "native")
+class ContainerTask(Frozen):
+    """Format 2: the tools run in a task's own container (an imported Harbor task), not in the sandbox worker.
+
+    The image is built from `dockerfile` and `context` (the task's environment/ directory) with no registry: every
+    FROM image must be present locally. A session is one container of that image; the tools (`run_shell`,
+    `read_file`, `write_file`) run in it; after the episode `tests` is copied to /tests and test.sh is run there."""
+
+    dockerfile: str = Field(description="environment/Dockerfile, as written.")
+    context: dict[str, str] = Field(default_factory=dict, description="The other files of environment/ (path -> text).")
+    build_args: dict[str, str] = Field(default_factory=dict, description="Docker build arguments (e.g. BASE_IMAGE).")
+    tests: dict[str, str] = Field(description="tests/ (path -> text), uploaded to /tests after the agent's turn.")
+    workdir: str | None = Field(default=None, description="Where the shell tool starts (default: the image's WORKDIR).")
+    agent_timeout_s: float = Field(default=600.0, gt=0, description="task.toml [agent] timeout_sec.")
+    verifier_timeout_s: float = Field(default=600.0, gt=0, description="task.toml [verifier] timeout_sec.")
+
+
+FORMAT_2_FIELDS = ("modules", "tool_turns", "native", "container")
 
 
 class Environment(Record):
     """An executable tool environment: docs, code, state, gold calls and verification.
 
-    Format 2 (`modules`, `tool_turns`, `native`) is additive: an environment that sets none of them is format 1,
+    Format 2 (`modules`, `tool_turns`, `native`, `container`) is additive: an environment that sets none of them is format 1,
     and its id is what it was before format 2 existed."""
 
     KIND = "environment"
@@ -319,6 +338,8 @@ class Environment(Record):
         default_factory=dict, description="Format 2: tool name -> first turn (0-based) at which the agent sees and may "
                                           "call it; tools not named here are visible from turn 0.")
     native: NativeCheck | None = Field(default=None, description="Format 2: the imported suite's own check.")
+    container: ContainerTask | None = Field(default=None, description="Format 2: the tools run in this task's own "
+                                                                      "container (an imported Harbor task).")
 
     @property
     def format_version(self) -> int:

@@ -86,3 +86,9 @@ class RejectReason(StrEnum):
     NO_GOLD_CALLS = "no_gold_calls"
     GOLD_CALL_FAILED = "gold_call_failed"
     REPLAY_FAILED = "replay_failed"
+
+    # imports of others' suites (Harbor task directories)
+    NOT_A_TASK = "not_a_task"  # a required file is missing or malformed
+    BASE_IMAGE_MISSING = "base_image_missing"  # a FROM image is not present locally (no registry is reachable)
+    IMAGE_BUILD_FAILED = "image_build_failed"
+    SOLUTION_FAILED = "solution_failed"  # the task's own solution does not pass its own tests

@@ -220,3 +220,53 @@ def import_bfcl_cmd(
                            "rejected_examples": [f"{r.subject}: {r.detail[:160]}" for r in rejections[:3]]}, indent=2))
     if not envs:
         raise typer.Exit(2)
+
+
+@import_app.command("harbor")
+def import_harbor_cmd(
+    ctx: typer.Context,
+    root: str = typer.Argument(..., help="A Harbor task directory, or a folder of them."),
+    suite: str = typer.Option("harbor", "--suite", help="Suite name of others' tasks, for `arenaforge eval --suite`."),
+    build_arg: list[str] = typer.Option(None, "--build-arg", help="KEY=VALUE for the tasks' docker builds, e.g. "
+                                                                  "BASE_IMAGE=<a local image> (repeatable)."),
+) -> None:
+    """Import Harbor tasks: ours (from `envs export`) come back as the same environment; others' become container
+    tasks scored by their own tests/test.sh beside our F1, with solution/solve.sh as gold. Tasks that cannot be
+    built or solved offline are rejection rows (one line each on stderr)."""
+    import asyncio
+    from collections import Counter
+
+    from arenaforge.environments.containers import TaskContainers
+    from arenaforge.tasks.envs.import_harbor import import_tasks
+    from arenaforge.warehouse import recorded_run
+
+    st = state(ctx)
+    args = dict(item.partition("=")[::2] for item in build_arg or [])
+    if any(not key for key in args) or any("=" not in item for item in build_arg or []):
+        raise InputError(f"--build-arg takes KEY=VALUE, not {build_arg}")
+    wh = st.warehouse()
+
+    async def go() -> Any:
+        containers = TaskContainers()
+        try:
+            return await import_tasks(containers, root, suite, args)
+        finally:
+            await containers.shutdown()
+
+    with recorded_run(wh, "envs-import-harbor", {"root": str(Path(root).resolve()), "suite": suite,
+                                                 "build_args": args}) as (run, counts):
+        envs, rejections = asyncio.run(go())
+        # run ids stay out of record ids: an environment already stored (ours, or a re-import) keeps its row
+        envs = [e.model_copy(update={"run_id": run.id}) for e in envs]
+        rejections = [r.model_copy(update={"run_id": run.id}) for r in rejections]
+        counts["new"] = wh.upsert(envs) if envs else 0
+        counts["rejected"] = len(rejections)
+        if rejections:
+            wh.upsert(rejections)
+    for r in rejections:
+        typer.echo(f"rejected {r.subject}: {r.reason}: {r.detail.splitlines()[0] if r.detail else ''}", err=True)
+    typer.echo(json.dumps({"run_id": run.id, "suite": suite, "imported": len(envs), "new": counts["new"],
+                           "ours": sum(e.container is None for e in envs), "ids": [e.id for e in envs],
+                           "rejected": dict(Counter(str(r.reason) for r in rejections))}, indent=2))
+    if not envs:
+        raise typer.Exit(2)

@@ -6,7 +6,9 @@ One command, one run, fixed seeds, offline:
   2. the default policy untrained, after the warm start (SFT on gold-call replays of the train split +
      kept trajectories), and after GRPO started from that same warm-start checkpoint, each evaluated
      greedily on the test split (the `train-grpo` job, exactly what `arenaforge train grpo` runs);
-  3. the same three checkpoints on BFCL single-turn (simple, multiple, parallel), when its data is found.
+  3. the same three checkpoints on BFCL single-turn (simple, multiple, parallel), when its data is found;
+  4. with `--suite NAME --suite-db WAREHOUSE`, on a suite nobody here wrote (`arenaforge envs import ...`): our F1
+     and the suite's own metric (`native`), every environment of the suite (`--suite-limit`).
 
 Reports test F1 per stage with a 95% bootstrap interval over test environments, the GRPO - warm start
 difference with a paired interval, per-step curves, wall-clock per phase and tokens/s.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.config import load_config
+from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.schemas.models import Rollout
 from arenaforge.tasks.train.jobs import RECIPE
@@ -86,18 +89,44 @@ async def _bfcl(paths: dict[str, str], limit: int) -> dict[str, Any]:
     return out
 
 
+async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: str, suite_db: str,
+                         limit: int | None = None) -> dict[str, Any]:
+    """Each stage's policy on an imported suite (`envs import ...`, stored in `suite_db`), every split, greedy with the
+    training episode limits: our F1 and the suite's own metric (`native`), beside the test split's numbers."""
+    from arenaforge.tasks.train.jobs import TRAIN_EPISODE, EnvSelection, PolicyParams, evaluate_policy, matching_envs
+
+    envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
+    if not envs:
+        return {"skipped": f"no environments of suite {suite!r} in {suite_db}"}
+    # an imported suite compares whole results and states: never cut them (as `eval --suite` does)
+    cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
+        update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
+    episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0})
+    out: dict[str, Any] = {"suite": suite, "environments": len(envs)}
+    for label, path in paths.items():
+        row = await evaluate_policy(cfg, wh, PolicyParams(model_path=path), path, envs, episode,
+                                    label=f"{label} on {suite}", suite=suite)
+        out[label] = {"f1": round(row["f1"], 4), "native": row.get("native"), "episodes": row["episodes"],
+                      "statuses": row["statuses"]}
+    return out
+
+
 async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-small",
          warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
          warmstart_lr: float = RECIPE["warmstart_lr"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
          group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
          test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
-         sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
-    """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL."""
+         sandbox: str = "process", seed: int = 0, suite: str = "", suite_db: str = "",
+         suite_limit: int = 50) -> dict[str, Any]:
+    """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL, and
+    with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1)."""
     import logging
     import sys
 
     from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
 
+    if suite and not (suite_db and Path(suite_db).exists()):  # checked before an hour of training, not after
+        raise InputError(f"--suite needs --suite-db: the warehouse the suite was imported into ({suite_db!r} is not one)")
     progress = logging.getLogger("arenaforge")  # per-step lines on stderr; the JSON result goes to stdout
     if not progress.handlers:
         progress.addHandler(logging.StreamHandler(sys.stderr))
@@ -166,6 +195,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
     bfcl_started = time.perf_counter()
     bfcl = await _bfcl(paths, bfcl_limit) if bfcl_limit else {"skipped": "bfcl_limit 0"}
     wall["bfcl_s"] = round(time.perf_counter() - bfcl_started, 1)
+    imported = await evaluate_suite(cfg, wh, paths, suite, suite_db, suite_limit) if suite else {"skipped": "no --suite"}
     wall["total_s"] = round(time.perf_counter() - started, 1)
     zero_var = [m["zero_variance_share"] for m in grpo_metrics if not m.get("skipped")] or [1.0]
     try:
@@ -182,6 +212,6 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
                  "zero_variance_share_mean": round(statistics.fmean(m["zero_variance_share"] for m in grpo_metrics), 4)
                  if grpo_metrics else None,
                  "zero_variance_share_used_steps": round(statistics.fmean(zero_var), 4)},
-        "curves": curves, "bfcl": bfcl, "wall_clock": wall, "throughput": throughput, "load_average_end": load,
+        "curves": curves, "bfcl": bfcl, "imported_suite": imported, "wall_clock": wall, "throughput": throughput, "load_average_end": load,
         "warehouse": str(db), "final_checkpoint": result.get("final_checkpoint"),
     }

@@ -8,10 +8,12 @@
         task.toml                       metadata and time limits
         environment/Dockerfile          the agent's container: only the `call-tool` client
         environment/docker-compose.yaml adds the `tools` service (Harbor's docker environment)
-        environment/tools/              the tools service: tool code, initial state, server, verifier key
+        environment/tools/              the tools service: tool code, initial state, server, verifier key, and
+                                        arena_runtime/ (the sandbox worker's loader: format 1 and 2 run alike)
         solution/solve.sh               replays the gold calls through call-tool
         tests/test.sh, grade.py         F1 over the tools service's call log -> /logs/verifier/reward.json
         tests/gold.json, verifier_key   the gold sub-answers; the key the call log is signed with
+        tests/environment.json          the record itself (`envs import harbor` reads it back, same id)
 
     Nothing the agent can read holds an answer (the state and tool code live in the tools service;
     gold only in tests/, which Harbor uploads after the agent's turn), and nothing the agent can write
@@ -36,6 +38,7 @@ from typing import Any
 from arenaforge.environments import reward as reward_module
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Environment
+from arenaforge.tasks.rollout.episodes import user_turns
 from arenaforge.tasks.verl.dataset import VerlFiles
 from arenaforge.warehouse import Warehouse
 
@@ -89,9 +92,11 @@ TOOLS_PORT = 8000
 
 
 def _instruction(env: Environment) -> str:
-    lines = [f"# {env.name}", "", env.question or "", "", "## Tools", "",
+    turns = user_turns(env)  # a multi-turn suite's requests, in order; tools revealed later are announced in them
+    task = turns[0] if len(turns) == 1 else "\n\n".join(f"## Request {k + 1}\n\n{text}" for k, text in enumerate(turns))
+    lines = [f"# {env.name}", "", task, "", "## Tools", "",
              "Call a tool with `call-tool TOOL '<JSON arguments>'`; it prints what the tool returns.", ""]
-    for t in env.tools:
+    for t in env.visible_tools(0):
         lines.append(f"- `{t.name}`: {t.description}")
         lines.append(f"  parameters: `{json.dumps(t.parameters)}`")
     lines += ["", "Use as few calls as you need: the reward is the F1 of solved sub-tasks and call precision.", ""]
@@ -154,6 +159,29 @@ def _task_toml(env: Environment) -> str:
         ''') + f"\n[metadata.provenance]\n{made}\n"
 
 
+RUNTIME_PACKAGE = "arena_runtime"  # the sandbox worker's tool loader and renderer, copied by source
+RUNTIME_FILES = ("execution.py", "protocol.py")
+
+
+def _tools_template(env: Environment) -> dict[str, Any]:
+    """What the tools service loads (the sandbox worker's template, its state in state.json): format 1 or 2."""
+    template = {"code": env.code, "style": env.style, "class_name": env.class_name, "data_var": env.data_var,
+                "tools": [t.name for t in env.tools], "env_id": env.id}
+    if env.modules:
+        template["modules"] = [m.model_dump(mode="json") for m in env.modules]
+    return template
+
+
+def _write_runtime(folder: Path) -> None:
+    """The worker's execution.py and protocol.py (standard library only): the tools service runs tool code exactly
+    as the sandbox does (several modules, constructor and loader arguments, rendering)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "__init__.py").write_text('"""Copied from arenaforge/environments/runtime/worker by envs export."""\n')
+    source = resources.files("arenaforge.environments.runtime").joinpath("worker")
+    for name in RUNTIME_FILES:
+        (folder / name).write_text(source.joinpath(name).read_text())
+
+
 def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str = BASE_IMAGE) -> list[Path]:
     """One Harbor task directory per environment under `root` (see the module docstring)."""
     root = Path(root)
@@ -173,12 +201,13 @@ def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str 
         (environment / "docker-compose.yaml").write_text(_COMPOSE)
         (tools / "Dockerfile").write_text(_dockerfile(base_image, (
             "COPY server.py tools.py state.json env.json verifier_key /srv/tools/\n"
+            f"COPY {RUNTIME_PACKAGE} /srv/tools/{RUNTIME_PACKAGE}\n"
             f"ENV PORT={TOOLS_PORT}\nEXPOSE {TOOLS_PORT}\nCMD [\"python3\", \"/srv/tools/server.py\"]\n")))
         (tools / "server.py").write_text(_harbor_file("tools_server.py.tmpl"))
         (tools / "tools.py").write_text(env.code)
-        (tools / "state.json").write_text(json.dumps(env.initial_state or {}))
-        (tools / "env.json").write_text(json.dumps({"data_var": env.data_var, "tools": [t.name for t in env.tools],
-                                                   "env_id": env.id}))
+        (tools / "state.json").write_text(json.dumps(env.initial_state))
+        (tools / "env.json").write_text(json.dumps(_tools_template(env)))
+        _write_runtime(tools / RUNTIME_PACKAGE)
         (tools / "verifier_key").write_text(key + "\n")
         solve = ["#!/bin/sh", "# Replays the gold calls.", "set -e"]
         solve += [f"call-tool {c.tool} {_shell_quote(json.dumps(c.arguments))}" for c in env.calls]
@@ -187,6 +216,7 @@ def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str 
         (d / "tests" / "grade.py").write_text(grade_source())
         (d / "tests" / "gold.json").write_text(json.dumps(env.gold_answers))
         (d / "tests" / "verifier_key").write_text(key + "\n")
+        (d / "tests" / "environment.json").write_text(env.model_dump_json())  # `envs import harbor` reads it back
         for script in (d / "solution" / "solve.sh", d / "tests" / "test.sh", environment / "call_tool.py"):
             script.chmod(0o755)
         out.append(d)
@@ -214,13 +244,17 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
         raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
     root = Path(root).expanduser().resolve()
     written: dict[str, Any] = {"environments": len(envs)}
-    if "verl" in formats:
+    jsonl_envs = envs
+    envs = [e for e in envs if e.container is None]  # imported Harbor tasks stay in their own format (the source)
+    if len(envs) < len(jsonl_envs):
+        written["container_tasks_not_in_verl_or_harbor"] = len(jsonl_envs) - len(envs)
+    if "verl" in formats and envs:
         files = write_verl(envs, root / "verl", held_out)
         written["verl"] = {"dir": str(files.train.parent), "train_rows": pq.ParquetFile(files.train).metadata.num_rows,
                            "val_rows": pq.ParquetFile(files.val).metadata.num_rows}
     if "jsonl" in formats:
-        written["jsonl"] = str(write_jsonl(envs, root / "environments.jsonl"))
-    if "harbor" in formats:
+        written["jsonl"] = str(write_jsonl(jsonl_envs, root / "environments.jsonl"))
+    if "harbor" in formats and envs:
         written["harbor"] = str(root / "harbor")
         written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=base_image))
     return written

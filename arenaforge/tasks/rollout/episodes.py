@@ -56,7 +56,8 @@ class SandboxPool(Protocol):
 
     async def close(self, session: Any) -> None: ...
 
-    # and, for environments with a native check (Environment.native): `async def state(self, session) -> Any`
+    # and, for environments with a native check (Environment.native): `async def state(self, session) -> Any`;
+    # for container tasks (Environment.container, `environments.containers.RoutedPool`): `async def verdict(session)`
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,8 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                     verdict = bfcl_turn_verdict(native, later, None, [], results)
         if native is not None and native.kind == "state_hash":
             verdict = state_hash_verdict(native, await pool.state(session))
+        if native is not None and native.kind == "harbor_tests":  # the task's own tests, in its container
+            verdict = await pool.verdict(session)
     except SandboxError as err:
         status, failure, verdict = "env_failure", f"call: {err}", None
     finally:

@@ -235,9 +235,10 @@ def engine_factory(params: PolicyParams) -> Callable[[Any, Any], PolicyEngine]:
 
 
 async def _with_pool(cfg: Config, body: Callable[[SandboxPool], Awaitable[T]]) -> T:
+    from arenaforge.environments.containers import RoutedPool
     from arenaforge.environments.runtime import create_pool
 
-    pool = await create_pool(cfg.sandbox)
+    pool = RoutedPool(await create_pool(cfg.sandbox))  # container tasks (imported Harbor) run in their own containers
     try:
         return await body(pool)
     finally:

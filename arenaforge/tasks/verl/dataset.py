@@ -3,7 +3,7 @@
     train.parquet, val.parquet  one row per environment, for verl's RLHFDataset: `prompt` (chat messages),
                                 `agent_name` (arena_agent), `reward_model.ground_truth` (gold sub-answers, JSON),
                                 `extra_info` {index, env_id, split, need_tools_kwargs, tools_kwargs, tool_selection},
-                                `tools` (the environment's OpenAI tool list, JSON)
+                                `tools` (the environment's OpenAI tool list at turn 0, JSON: format 2 reveals some later)
     environments.jsonl          the Environment records, looked up by id by the loop and the tools
     agent_loops.yaml            registers `arena_agent` (actor_rollout_ref.rollout.agent.agent_loop_config_path)
     tool_config.yaml            every tool as a verl BaseTool (actor_rollout_ref.rollout.multi_turn.tool_config_path),
@@ -75,6 +75,7 @@ def dataset_rows(envs: Sequence[Environment], names: dict[tuple[str, str], str],
     rows = []
     for index, env in enumerate(envs):
         own = {names[(env.id, t.name)]: t.name for t in env.tools}
+        first = env.visible_tools(0)  # format 2: a tool revealed at a later turn is not offered in the prompt
         rows.append({
             "data_source": f"{DATA_SOURCE}/{env.name.rsplit('-', 1)[0]}",
             "prompt": [{"role": m.role, "content": m.content or ""} for m in initial_messages(env, system_prompt)],
@@ -84,10 +85,10 @@ def dataset_rows(envs: Sequence[Environment], names: dict[tuple[str, str], str],
             "extra_info": {
                 "index": index, "env_id": env.id, "split": split, "need_tools_kwargs": True,
                 "tools_kwargs": {verl: {"create_kwargs": {"env_id": env.id, "function": fn}} for verl, fn in own.items()},
-                "tool_selection": list(own),
+                "tool_selection": [names[(env.id, t.name)] for t in first],
                 "provenance": env.lineage(),
             },
-            "tools": json.dumps([t.as_openai_tool() for t in env.tools]),
+            "tools": json.dumps([t.as_openai_tool() for t in first]),
         })
     return rows
 
