@@ -29,6 +29,7 @@ LIMITS = {
     "uid_slots": 4096,
     "unshare_net": False,
     "hide_paths": [],
+    "bind_shared": False,  # process backend: bind a template's requirement directories into each session (policy)
     "namespaces": False,  # set by the hello probe: private mounts/IPC/network per session work here
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
