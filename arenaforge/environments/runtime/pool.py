@@ -198,6 +198,7 @@ class Pool:
             "uid_slots": UID_SLOTS,
             "unshare_net": self.backend == "process",
             "bind_shared": self.backend == "process",
+            "spares": cfg.spare_sessions,
         }
 
     async def _launch(self, index: int) -> WorkerConnection:

@@ -2,8 +2,9 @@
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
   1. leaves the worker's mount and IPC namespaces: a private, size-capped tmpfs on /tmp, /dev/shm
-     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend, no
-     SysV/POSIX IPC shared with other sessions;
+     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend (its
+     template's requirement directories bound back read-only under /tmp), no SysV/POSIX IPC shared
+     with other sessions;
   2. drops to its own uid (random in the worker's range), no capabilities;
   3. gets rlimits (address space, CPU seconds, processes of its uid, no core dumps);
   4. sets no-new-privileges and a seccomp filter that refuses sockets (no network, no loopback or
