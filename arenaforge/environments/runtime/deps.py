@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from arenaforge.environments.runtime.image import _image_exists, cache_dir
+from arenaforge.environments.runtime.image import _image_exists, _remove_old_tags, cache_dir
 from arenaforge.schemas.errors import SandboxError
 
 DEPS_ROOT_IN_IMAGE = "/opt/arenaforge/deps"
@@ -146,6 +146,7 @@ def derived_image(client: Any, base_ref: str, requirements: Sequence[str], pytho
                             labels={"arenaforge.requirements": json.dumps(sorted(requirements))})
     except (docker.errors.BuildError, docker.errors.APIError) as err:
         raise SandboxError(f"building {ref} failed: {err}") from err
+    _remove_old_tags(client, f"{name}-deps", ref)  # derived images of earlier recipes, once a day old
     return ref, inside
 
 
