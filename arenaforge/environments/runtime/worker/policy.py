@@ -17,6 +17,7 @@ Teardown is `kill_uid`: a helper running as the session's uid kills every proces
 """
 
 import ctypes
+import functools
 import os
 import resource
 import shutil
@@ -105,6 +106,7 @@ def unshare_net(is_root: bool) -> bool:
     return True
 
 
+@functools.cache  # built once in the zygote (`warm_up`): every session fork inherits the bytes
 def _seccomp_program() -> bytes | None:
     arch = os.uname().machine
     if arch not in AUDIT_ARCH:
@@ -124,6 +126,11 @@ def _seccomp_program() -> bytes | None:
         offs = [0 if t in (None, "next") else labels[t] - i - 1 for t in (jt, jf)]  # type: ignore[index]
         out += struct.pack("HBBI", op, offs[0], offs[1], k)
     return out + b"".join(struct.pack("HBBI", ret, 0, 0, k) for k in tail)
+
+
+def warm_up() -> None:
+    """What every session's confinement computes the same way, computed once before the forks."""
+    _seccomp_program()
 
 
 def install_seccomp() -> bool:

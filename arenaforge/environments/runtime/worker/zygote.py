@@ -85,6 +85,7 @@ def _main(ctl: socket.socket, payload: bytes, limits: dict) -> None:
             spec["compiled"] = compile(spec["code"], file, "exec", dont_inherit=True)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # the session compiles again and reports the error as the tool code's
+    policy.warm_up()
     gc.collect()
     gc.freeze()  # sessions' collections skip the state: no copy-on-write of its pages
     _send(ctl, {"ready": True, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
