@@ -1,5 +1,6 @@
-"""Spare sessions (issue 15): a worker keeps `spare_sessions` sessions of a reused environment version forked, confined
-and loaded ahead, so opens back to back are hand-overs; each handed-over session starts from the initial state."""
+"""Spare sessions (issue 15): a worker keeps up to `spare_sessions` sessions of a reused environment version forked,
+confined and loaded ahead (one more per open), so opens back to back are hand-overs; only the version opened last
+keeps more than one; each handed-over session starts from the initial state."""
 
 from __future__ import annotations
 
@@ -36,9 +37,11 @@ def test_several_spares_are_kept_and_each_hand_over_starts_fresh(backend: str) -
     async def scenario() -> tuple:
         cfg = SandboxConfig(backend=backend, pool_size=1, spare_sessions=3)
         async with await create_pool(cfg) as pool:
-            for _ in range(2):  # a version opened twice gets spares
+            grown = []
+            for _ in range(4):  # a version opened again gets a spare, one more per open (up to 3)
                 await pool.close(await pool.open(COUNTER))
-            before = await ready_spares(pool)
+                grown.append(await ready_spares(pool))
+            before = grown[-1]
             sessions = [await pool.open(COUNTER) for _ in range(3)]  # back to back, all open at once
             counts = [(await pool.call(s, "bump")).output for s in sessions]
             counts += [(await pool.call(sessions[0], "bump")).output]
@@ -46,15 +49,15 @@ def test_several_spares_are_kept_and_each_hand_over_starts_fresh(backend: str) -
                 await pool.close(s)
             after = await ready_spares(pool)
             other = Environment.model_validate({**COUNTER.model_dump(), "id": "", "initial_state": {"n": 10}})
-            for _ in range(2):  # another version in demand: it gets 3, the first one keeps 1
+            for _ in range(4):  # another version in demand: it gets 3, the first one keeps 1
                 await pool.close(await pool.open(other))
             both = await ready_spares(pool)
             fresh = await pool.open(COUNTER)
             first_again = (await pool.call(fresh, "bump")).output
             await pool.close(fresh)
-            return before, counts, after, both, first_again
+            return grown, before, counts, after, both, first_again
 
-    before, counts, after, both, first_again = asyncio.run(scenario())
-    assert before == 3 and after == 3  # one spare before this change
+    grown, before, counts, after, both, first_again = asyncio.run(scenario())
+    assert grown == [0, 1, 2, 3] and before == 3 and after == 3  # one spare before this change
     assert counts == ["1", "1", "1", "2"]  # independent sessions, each from the initial state
     assert both == 4 and first_again == "1"  # extra spares only for the version opened last: memory stays bounded

@@ -225,7 +225,8 @@ class Server(SessionServer):
                 self._top_up(template)
 
     def _top_up(self, template: dict) -> None:
-        """`spares` spares for the version opened last; every other version keeps one (idle processes cost memory)."""
+        """Spares for the version opened last, one more per open up to `spares` (a version opened twice gets one, as
+        many are, so no fork is wasted on it); every other version keeps one (idle processes cost memory)."""
         previous = self.templates.get(self.topped_up) if self.topped_up != template["key"] else None
         if previous is not None and len(previous["spares"]) > 1:
             keep = sorted(previous["spares"], key=lambda s: s.pending is not None)  # a ready one first
@@ -233,7 +234,7 @@ class Server(SessionServer):
             for extra in keep[1:]:
                 self._drop(extra)
         self.topped_up = template["key"]
-        while len(template["spares"]) < int(self.limits["spares"]):
+        while len(template["spares"]) < min(int(self.limits["spares"]), template["opens"] - 1):
             self._prepare_spare(template)
 
     def _take_spare(self, template: dict) -> Session | None:
