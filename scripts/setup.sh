@@ -20,4 +20,8 @@ fi
 # multi-turn classes use (MathAPI's mpmath is already pinned). A 2 MB pure-Python wheel.
 .venv/bin/python -c "import importlib.util as u; exit(u.find_spec('bfcl_eval') is None)" 2>/dev/null \
   || .venv/bin/pip install -q --no-deps "bfcl-eval==2026.3.23"
+# The wheels environments declare (BFCL's MathAPI: mpmath), kept where the sandbox installs them from without a
+# registry (docs/SANDBOX.md, declared dependencies); a failure here only means they are fetched at first use.
+.venv/bin/pip download -q --only-binary=:all: --python-version 3.11 \
+  -d "${ARENAFORGE_CACHE:-$HOME/.cache/arenaforge}/wheels" "mpmath==1.3.0" || true
 echo "setup: .venv ready ($(.venv/bin/python --version))"

@@ -9,7 +9,9 @@ Format 2 (`Environment.modules`, `tool_turns`) adds a directory:
 
     modules/<name>.py   the code of each namespace (its other fields are in env.json's "modules", without code)
 
-and `tools.py` is then optional. A format-1 package reads and writes exactly as before.
+and `tools.py` is then optional. Format 2's `requirements` (`["mpmath==1.3.0"]`, in env.json) name the packages
+outside the standard library the code imports (installed from local wheels: `runtime/deps.py`). A format-1 package
+reads and writes exactly as before.
 
 `read_package(write_package(env, d)) == env`, id included. Two tool-code shapes run unchanged:
 plain module functions (optionally over a module global named by `data_var`, bound to a copy

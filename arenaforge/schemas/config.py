@@ -116,6 +116,9 @@ class SandboxConfig(_Section):
         default=10.0, gt=0, description="Limit for loading an environment's code, from when its worker starts it."
     )
     scratch_mb: int = Field(default=64, ge=1, description="Size of each session's private /tmp (and /dev/shm).")
+    spare_sessions: int = Field(
+        default=3, ge=0, le=16, description="Sessions kept forked, confined and loaded ahead per environment version "
+                                            "opened more than once (per worker): opens back to back take one each.")
     template_cache_mb: int = Field(
         default=1024, ge=16, description="Memory per worker for parsed environment states kept for new sessions."
     )

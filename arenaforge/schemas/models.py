@@ -7,6 +7,7 @@ One `Record` subclass per record kind. The JSON files are generated from these c
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -301,7 +302,9 @@ class ContainerTask(Frozen):
     verifier_timeout_s: float = Field(default=600.0, gt=0, description="task.toml [verifier] timeout_sec.")
 
 
-FORMAT_2_FIELDS = ("modules", "tool_turns", "native", "container")
+REQUIREMENT = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?(\[[A-Za-z0-9._,-]+\])?"
+                         r"(\s*(===|==|!=|~=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)(\s*,\s*(===|==|!=|~=|>=|<=|<|>)\s*[A-Za-z0-9.*+!_-]+)*")
+FORMAT_2_FIELDS = ("modules", "tool_turns", "native", "container", "requirements")
 
 
 class Environment(Record):
@@ -340,6 +343,9 @@ class Environment(Record):
     native: NativeCheck | None = Field(default=None, description="Format 2: the imported suite's own check.")
     container: ContainerTask | None = Field(default=None, description="Format 2: the tools run in this task's own "
                                                                       "container (an imported Harbor task).")
+    requirements: list[str] = Field(
+        default_factory=list, description="Format 2: Python packages the tool code imports, as pinned PEP 508 requirements "
+                                          "(`mpmath==1.3.0`), installed from local wheels (docs/ENVS.md).")
 
     @property
     def format_version(self) -> int:
@@ -365,6 +371,15 @@ class Environment(Record):
         if len(modules) != len(set(modules)):
             raise ValueError(f"duplicate module names: {sorted({n for n in modules if modules.count(n) > 1})}")
         return self
+
+    @field_validator("requirements")
+    @classmethod
+    def _plain_requirements(cls, requirements: list[str]) -> list[str]:
+        # a name and version specifiers only: no URL, path, marker or pip option reaches the installer
+        bad = [r for r in requirements if not REQUIREMENT.fullmatch(r)]
+        if bad:
+            raise ValueError(f"requirements must be a package name with version specifiers (mpmath==1.3.0), not {bad}")
+        return requirements
 
     @field_validator("tools")
     @classmethod

@@ -75,6 +75,7 @@ class RejectReason(StrEnum):
     TOOL_NAME_CLASH = "tool_name_clash"
     UNMERGEABLE_DATA = "unmergeable_data"
     IMPORT_ERROR = "import_error"
+    MISSING_REQUIREMENT = "missing_requirement"
     WRONG_ANSWER = "wrong_answer"
     ANSWER_LEAK = "answer_leak"
     TIMEOUT = "timeout"

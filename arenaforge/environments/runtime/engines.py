@@ -76,7 +76,19 @@ class EnginesLauncher:
                 await asyncio.to_thread(copy_image, donor.launcher.client, engine.launcher.client, ref)
             await engine.launcher.prepare()  # finds the image; removes containers of dead pools
 
-    async def launch(self, index: int) -> Transport:
+    async def place(self, requirements: list[str]) -> tuple[str | None, str]:
+        """A derived image for `requirements`: built (or found) on the first live engine, copied to the others."""
+        live = [e for e in self.engines if not e.lost]
+        if not live:
+            raise SandboxError("no sandbox engine is left: " + "; ".join(f"{e.url}: {e.lost}" for e in self.engines))
+        image, site = await live[0].launcher.place(requirements)
+        if image is not None:
+            for engine in live[1:]:
+                if not await asyncio.to_thread(_image_exists, engine.launcher.client, image):
+                    await asyncio.to_thread(copy_image, live[0].launcher.client, engine.launcher.client, image)
+        return image, site
+
+    async def launch(self, index: int, image: str | None = None) -> Transport:
         while True:
             live = [e for e in self.engines if not e.lost]
             if not live:
@@ -84,7 +96,7 @@ class EnginesLauncher:
             engine = min(live, key=lambda e: (e.load(), self.engines.index(e)))
             engine.starting += 1
             try:
-                transport = await engine.launcher.launch(index)
+                transport = await engine.launcher.launch(index, image)
             except EngineUnreachable as err:
                 engine.lost = str(err)
                 log.warning("sandbox engine %s is lost (%s): its sessions fail as infrastructure failures, "

@@ -2,6 +2,7 @@
 
     SandboxError                    (arenaforge.schemas.errors) the runtime itself failed or was misused
     ├── EnvLoadError                the environment's code does not load: the environment is broken
+    │   └── RequirementUnavailable  no wheel for a requirement it declares, in the wheel dir or a reachable registry
     └── EnvironmentFailure          the sandbox, not the tool nor the agent, failed this request:
         ├── Overloaded              no answer in time because the machine was busy (the worker lives on)
         ├── WorkerLost              the worker died with the request in flight
@@ -27,6 +28,15 @@ class EnvLoadError(SandboxError):
     def __init__(self, env_name: str, detail: str) -> None:
         super().__init__(f"environment {env_name!r}: tool code failed to load:\n{detail}")
         self.detail = detail
+
+
+class RequirementUnavailable(EnvLoadError):
+    """A requirement the environment declares has no installable wheel here (`requirement` names it)."""
+
+    def __init__(self, env_name: str, requirement: str, detail: str) -> None:
+        SandboxError.__init__(self, f"environment {env_name!r}: requirement {requirement} is unavailable: {detail}")
+        self.detail = f"requirement {requirement} is unavailable: {detail}"
+        self.requirement = requirement
 
 
 class EnvironmentFailure(SandboxError):

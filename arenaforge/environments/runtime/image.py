@@ -60,6 +60,7 @@ WORKDIR /tmp
 CMD {json.dumps(WORKER_COMMAND)}
 """
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+PYTHON_VERSION = "3.11"  # bookworm's python3: declared requirements are installed for it (runtime/deps.py)
 
 
 def _digest(obj: Any) -> str:

@@ -39,11 +39,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from arenaforge.environments.runtime.connection import Loaded, Overdue, WorkerConnection, WorkerGone
+from arenaforge.environments.runtime.deps import Unavailable
 from arenaforge.environments.runtime.errors import (
     FAILURES,
     EnvironmentFailure,
     EnvLoadError,
     Overloaded,
+    RequirementUnavailable,
     SessionLost,
     SpawnFailure,
     UntrustedCodeRefused,
@@ -74,6 +76,7 @@ class Template:
     key: str
     blob: bytes
     env: Environment  # the object it was made from (the memo is keyed by env.id, checked by identity)
+    image: str | None = None  # the derived image its declared requirements need (docker), else the pool's
 
 
 @dataclass(eq=False)
@@ -96,11 +99,13 @@ class Session:
         return [t.name for t in self.env.tools]
 
 
-def _payload(env: Environment) -> dict[str, Any]:
+def _payload(env: Environment, site: str | None = None) -> dict[str, Any]:
     payload = {"code": env.code, "style": env.style, "class_name": env.class_name, "data_var": env.data_var,
                "initial_state": env.initial_state, "tools": [t.name for t in env.tools]}
     if env.modules:  # format 2: each module in its own namespace (the key is absent for format 1: same address)
         payload["modules"] = [m.model_dump(mode="json") for m in env.modules]
+    if site:  # declared requirements: the directory the sessions import them from
+        payload["paths"] = [site]
     return payload
 
 
@@ -132,6 +137,8 @@ class Pool:
         self.launcher = launcher
         self.backend = launcher.backend
         self.workers: list[WorkerConnection | None] = [None] * cfg.pool_size
+        self.images: list[str | None] = [None] * cfg.pool_size  # per slot: a derived image, or None: the pool's
+        self._placements: dict[tuple[str, ...], asyncio.Task[tuple[str | None, str]]] = {}
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
         self._sids = itertools.count(1)
         self._uses = itertools.count(1)
@@ -186,12 +193,14 @@ class Pool:
             if self.launcher.can_setuid else 0,
             "uid_slots": UID_SLOTS,
             "unshare_net": self.backend == "process",
+            "bind_shared": self.backend == "process",
+            "spares": cfg.spare_sessions,
         }
 
     async def _launch(self, index: int) -> WorkerConnection:
         last: Exception | None = None
         for attempt in range(LAUNCH_ATTEMPTS):
-            transport = await self.launcher.launch(index)
+            transport = await self.launcher.launch(index, self.images[index])
             worker = WorkerConnection(transport, index)
             try:
                 reply = await worker.request({"op": "hello", "limits": self._limits()}, timeout=60)
@@ -227,11 +236,16 @@ class Pool:
         if not task.cancelled() and task.exception() is None:
             self.workers[index] = task.result()
 
-    async def _pick_worker(self, key: str) -> WorkerConnection:
-        live = on_least_loaded_engine([w for w in self.workers if w is not None and w.alive])
+    async def _pick_worker(self, key: str, image: str | None = None) -> WorkerConnection:
+        slots = [i for i, slot_image in enumerate(self.images) if slot_image == image]
+        if not slots:  # the first session of a derived image: one worker of its own, kept like the others
+            self.workers.append(None)
+            self.images.append(image)
+            slots = [len(self.workers) - 1]
+        live = on_least_loaded_engine([w for w in (self.workers[i] for i in slots) if w is not None and w.alive])
         if live:  # the least busy, preferring one that has the environment loaded already
             return min(live, key=lambda w: (len(w.sessions) + (0 if key in w.loaded else 2), w.index))
-        dead = [i for i, w in enumerate(self.workers) if w is None or not w.alive]
+        dead = [i for i in slots if self.workers[i] is None or not self.workers[i].alive]
         return await self._worker(dead[0])
 
     def _on_worker_dead(self, worker: WorkerConnection) -> None:
@@ -251,15 +265,16 @@ class Pool:
             pass
 
     # ---------------------------------------------------------------- templates
-    def template(self, env: Environment) -> Template:
-        """The environment's payload and content address, serialized once per environment object."""
+    def template(self, env: Environment, placement: tuple[str | None, str | None] = (None, None)) -> Template:
+        """The environment's payload and content address, serialized once per environment object; `placement`:
+        where its declared requirements are (`place`)."""
         hit = self._templates.get(env.id)
         if hit is not None and hit.env is env:
             self._templates.move_to_end(env.id)
             return hit
         # key order kept: tool code iterates its state's dicts (BFCL's file system lists a directory in its order)
-        blob = json.dumps(_payload(env), ensure_ascii=False, separators=(",", ":")).encode()
-        made = Template(hashlib.sha256(blob).hexdigest(), blob, env)
+        blob = json.dumps(_payload(env, placement[1]), ensure_ascii=False, separators=(",", ":")).encode()
+        made = Template(hashlib.sha256(blob).hexdigest(), blob, env, placement[0])
         self._templates[env.id] = made
         while len(self._templates) > TEMPLATE_MEMO:
             self._templates.popitem(last=False)
@@ -325,18 +340,32 @@ class Pool:
             raise UntrustedCodeRefused(
                 f"environment {env.name!r} has model-written code and the process sandbox backend cannot isolate it "
                 "well (docs/SANDBOX.md): start Docker (scripts/start-docker.sh) or set sandbox.process_allows_model_code")
-        session = Session(id=f"s{next(self._sids)}", env=env, template=self.template(env), opened_at=time.monotonic())
+        placement = await self.place(env) if env.requirements else (None, None)
+        session = Session(id=f"s{next(self._sids)}", env=env, template=self.template(env, placement),
+                          opened_at=time.monotonic())
         async with self._sem:
             await self._attach(session)
         self._sessions[session.id] = session
         return session
+
+    async def place(self, env: Environment) -> tuple[str | None, str]:
+        """(derived image or None, directory) of `env`'s declared requirements, installed once per set and pool
+        (`runtime.deps`). Raises RequirementUnavailable naming a requirement no wheel satisfies."""
+        wanted = tuple(sorted(env.requirements))
+        task = self._placements.get(wanted)
+        if task is None:
+            task = self._placements[wanted] = asyncio.get_running_loop().create_task(self.launcher.place(list(wanted)))
+        try:
+            return await asyncio.shield(task)
+        except Unavailable as err:
+            raise RequirementUnavailable(env.name, err.requirement, err.detail) from None
 
     async def _attach(self, session: Session) -> None:
         """Open `session` on a live worker, loading its template there first if needed."""
         key = session.template.key
         last: BaseException | None = None
         for _ in range(3):
-            worker = await self._pick_worker(key)
+            worker = await self._pick_worker(key, session.template.image)
             worker.sessions.add(session.id)  # counted at once, so concurrent opens spread over the workers
             try:
                 loaded = await self._load(worker, session.template)

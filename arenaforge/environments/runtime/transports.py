@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 
-from arenaforge.environments.runtime.image import WORKER_COMMAND, WORKER_DIR, build_image, worker_argv
+from arenaforge.environments.runtime.deps import derived_image, install, python_version
+from arenaforge.environments.runtime.image import PYTHON_VERSION, WORKER_COMMAND, WORKER_DIR, build_image, worker_argv
 
 log = logging.getLogger("arenaforge.sandbox")
 
@@ -54,7 +55,12 @@ class Launcher(Protocol):
 
     async def prepare(self) -> None: ...
 
-    async def launch(self, index: int) -> Transport: ...
+    async def launch(self, index: int, image: str | None = None) -> Transport:
+        """A worker; `image`: a derived image (`place`) instead of the sandbox image (docker only)."""
+
+    async def place(self, requirements: list[str]) -> tuple[str | None, str]:
+        """Where `requirements` are installed: (derived image or None, directory the sessions import from).
+        Blocking work (pip, docker build) happens in a thread; raises deps.Unavailable."""
 
     async def close(self) -> None: ...
 
@@ -120,7 +126,11 @@ class ProcessLauncher:
     def can_setuid(self) -> bool:
         return os.geteuid() == 0 and self.setuid_ok
 
-    async def launch(self, index: int) -> Transport:
+    async def place(self, requirements: list[str]) -> tuple[str | None, str]:
+        version = await asyncio.to_thread(python_version, self.python)
+        return None, str(await asyncio.to_thread(install, requirements, version))
+
+    async def launch(self, index: int, image: str | None = None) -> Transport:
         # -I -S: no environment variables, user site or site-packages: tool code sees the stdlib only, as in the image
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         proc = await asyncio.create_subprocess_exec(
@@ -319,7 +329,10 @@ class DockerLauncher:
             if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
                 _remove_container(container)
 
-    def _create(self, index: int) -> tuple[Any, Any]:
+    async def place(self, requirements: list[str]) -> tuple[str | None, str]:
+        return await asyncio.to_thread(derived_image, self.client, self.image, requirements, PYTHON_VERSION)
+
+    def _create(self, index: int, image: str) -> tuple[Any, Any]:
         cfg = self.cfg
         api = self.client.api
         host_config = api.create_host_config(
@@ -339,7 +352,7 @@ class DockerLauncher:
             ipc_mode="private",
         )
         created = api.create_container(
-            self.image,
+            image,
             command=WORKER_COMMAND,
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so the worker sees EOF (and exits) when the pool detaches
@@ -356,12 +369,12 @@ class DockerLauncher:
         api.start(container.id)
         return container, raw
 
-    async def launch(self, index: int) -> Transport:
+    async def launch(self, index: int, image: str | None = None) -> Transport:
         import docker.errors
         import requests
 
         try:
-            container, raw = await asyncio.to_thread(self._create, index)
+            container, raw = await asyncio.to_thread(self._create, index, image or self.image)
         except requests.exceptions.ConnectionError as err:
             raise EngineUnreachable(f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
         except (docker.errors.DockerException, requests.exceptions.RequestException) as err:

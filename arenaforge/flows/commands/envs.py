@@ -153,6 +153,8 @@ def import_python_cmd(
     name: str = typer.Option(None, "--name", help="Environment name (default python-<names>)."),
     suite: str = typer.Option("python", "--suite", help="Suite name, for `arenaforge eval --suite`."),
     question: str = typer.Option(None, "--question", help="The task prompt the agent is given."),
+    requirement: list[str] = typer.Option([], "--requirement", help="A package the code imports, pinned "
+                                          "(mpmath==1.3.0; repeatable): installed from local wheels (docs/ENVS.md)."),
     backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
 ) -> None:
     """Import your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
@@ -161,6 +163,7 @@ def import_python_cmd(
     from arenaforge.environments.runtime import create_pool
     from arenaforge.tasks.envs.import_python import (
         import_environment, python_environment, read_calls, read_source, read_tool_docs)
+    from arenaforge.schemas.models import Rejection
 
     st = state(ctx)
     read = [read_source(s) for s in sources]
@@ -170,7 +173,7 @@ def import_python_cmd(
     env = python_environment(read, name=name, tool_docs=read_tool_docs(tools) if tools else None,
                              initial_state=state_value, calls=read_calls(calls) if calls else [],
                              init_args=_json_option(init_args, "--init-args"), load_args=_json_option(load_args, "--load-args"),
-                             question=question)
+                             question=question, requirements=requirement)
     cfg = st.config.sandbox.model_copy(update={"pool_size": 1, **({"backend": backend} if backend else {})})
 
     async def go() -> Any:
@@ -179,6 +182,8 @@ def import_python_cmd(
 
     imported = asyncio.run(go())
     st.warehouse().upsert([imported])
+    if isinstance(imported, Rejection):
+        raise InputError(f"{imported.subject}: {imported.detail} (rejection {imported.id})")
     typer.echo(json.dumps({"id": imported.id, "name": imported.name, "suite": suite, "tools": [t.name for t in imported.tools],
                            "gold_calls": len(imported.calls), "gold_state_sha256": imported.native.gold_state_sha256,
                            "source": imported.native.source}, indent=2))

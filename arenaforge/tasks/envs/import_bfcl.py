@@ -16,8 +16,9 @@ One task becomes one environment:
   gold calls' results (BFCL's response check: every one must appear among the episode's results so far) and the hash
   of the classes' state (BFCL's state check compares the public attributes of each instance).
 
-Classes whose code needs a package outside the standard library (MathAPI: mpmath) cannot load in the sandbox image
-until environments can declare dependencies; their tasks are rejected with that reason.
+A class whose code imports a package outside the standard library declares it (`requirements`: MathAPI needs
+mpmath, installed from local wheels into the session's import path, docs/ENVS.md); a class that needs a package
+with no pinned requirement here is rejected with that reason.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ CATEGORIES = ("base", "miss_param", "miss_func", "long_context")
 SUITE = "bfcl_multi_turn"
 SOURCE_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
 IMPORT_LINE = re.compile(r"from\s+bfcl_eval\.eval_checker\.multi_turn_eval\.func_source_code\.(\w+)\s+import")
-# imports of these modules in a class's code mean it cannot load in the standard-library sandbox image
+# imports of these modules in a class's code mean it needs a package outside the standard library
 NON_STDLIB = ("mpmath", "numpy", "requests", "overrides", "rank_bm25", "sentence_transformers", "faiss", "bs4", "html2text",
               "serpapi")
+# the packages a class may declare, pinned to what BFCL's own executor runs with
+REQUIREMENTS = {"mpmath": "mpmath==1.3.0"}
 RENDER_MODULE = "bfcl_render"
 RENDER_CODE = '''\
 """How BFCL's executor turns a call's result or exception into text (multi_turn_utils.execute_multi_turn_func_call)."""
@@ -173,11 +176,14 @@ def task_environment(data: BfclData, category: str, entry: dict, answer: dict) -
     """The environment of one BFCL task, not yet replayed (`native` is filled in by the replay)."""
     classes = list(entry["involved_classes"])
     sources = {c: data.source(data.class_modules[c]) for c in classes}
+    requirements: set[str] = set()
     for cls, code in sources.items():
         needs = sorted({m for m in NON_STDLIB if re.search(rf"^\s*(import|from)\s+{m}\b", code, re.M)})
-        if needs:
-            return Imported(entry["id"], None, [], f"{cls} needs {', '.join(needs)}, which the sandbox image lacks "
-                                                   "(environments cannot declare dependencies yet)")
+        unpinned = [m for m in needs if m not in REQUIREMENTS]
+        if unpinned:
+            return Imported(entry["id"], None, [], f"{cls} needs {', '.join(unpinned)}, which the importer declares "
+                                                   "no pinned requirement for")
+        requirements.update(REQUIREMENTS[m] for m in needs)
     deps: list[str] = []
     for code in sources.values():
         for stem in IMPORT_LINE.findall(code):
@@ -196,7 +202,7 @@ def task_environment(data: BfclData, category: str, entry: dict, answer: dict) -
         modules.append(ToolModule(
             name=cls, code=IMPORT_LINE.sub(r"from \1 import", sources[cls]), class_name=cls,
             load_args={} if cls in data.stateless else {"long_context": long_context},
-            state_key=None if cls in data.stateless else cls, tools=[d.name for d in own_docs]))
+            state_key=cls, tools=[d.name for d in own_docs]))  # a stateless class has no key in the state: no state
     tool_turns = {name: int(turn) for turn, names in (entry.get("missed_function") or {}).items() for name in names}
     turns, calls = [], []
     for index, (messages, truth) in enumerate(zip(entry["question"], answer["ground_truth"], strict=True)):
@@ -207,7 +213,7 @@ def task_environment(data: BfclData, category: str, entry: dict, answer: dict) -
     first_question = next((m["content"] for turn in entry["question"] for m in turn if m.get("role") == "user"), None)
     env = Environment(name=f"bfcl-{entry['id']}", tools=docs, code="", style="class", modules=modules,
                       initial_state=state or None, calls=calls, question=first_question, tool_turns=tool_turns,
-                      provenance=Provenance(backend="import"))
+                      requirements=sorted(requirements), provenance=Provenance(backend="import"))
     return Imported(entry["id"], env, turns)
 
 
@@ -220,13 +226,14 @@ async def replay_task(pool: Any, imported: Imported) -> dict[str, Any]:
     env = imported.env
     assert env is not None
     session = await pool.open(env)
+    # every tool visible, as BFCL's executor runs the ground truth (miss_func_49 calls `tail` two turns before its reveal)
+    session.turn = max(env.tool_turns.values(), default=0)
     results: list[list[str]] = []
     hashes: list[str] = []
     states: list[Any] = []
     try:
         position = 0
-        for index, turn in enumerate(imported.turns):
-            session.turn = index
+        for turn in imported.turns:
             outputs = []
             for call in env.calls[position:position + turn["calls"]]:
                 obs = await pool.call(session, call.tool, call.arguments)
@@ -262,11 +269,11 @@ STAGE = "import_bfcl"
 async def import_suite(pool: Any, data: BfclData, categories: list[str], limit: int | None = None,
                        concurrency: int = 4) -> tuple[list[Environment], list[Any]]:
     """Every task of `categories` (the first `limit` of each): its environment with the native check from a gold replay
-    in `pool`, or a rejection (a class that needs a package outside the standard library; code that does not load; a
-    sandbox failure, kept as an environment failure)."""
+    in `pool`, or a rejection (a class that needs a package the importer pins no requirement for; a declared
+    requirement with no wheel here; code that does not load; a sandbox failure, kept as an environment failure)."""
     import asyncio
 
-    from arenaforge.environments.runtime import EnvLoadError, EnvironmentFailure
+    from arenaforge.environments.runtime import EnvLoadError, EnvironmentFailure, RequirementUnavailable
     from arenaforge.schemas.models import Rejection
     from arenaforge.schemas.reasons import RejectReason
 
@@ -283,6 +290,8 @@ async def import_suite(pool: Any, data: BfclData, categories: list[str], limit: 
         try:
             async with limiter:
                 replayed = await replay_task(pool, imported)
+        except RequirementUnavailable as err:
+            return Rejection(stage=STAGE, subject=imported.task_id, reason=RejectReason.MISSING_REQUIREMENT, detail=err.detail)
         except EnvLoadError as err:
             return Rejection(stage=STAGE, subject=imported.task_id, reason=RejectReason.IMPORT_ERROR, detail=err.detail[-2000:])
         except EnvironmentFailure as err:

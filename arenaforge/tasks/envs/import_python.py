@@ -23,7 +23,8 @@ from arenaforge.environments.runtime.worker.execution import LOADERS
 from arenaforge.environments.state import state_hash
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import InputError
-from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, NativeCheck, ToolModule, Verification
+from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, NativeCheck, Rejection, ToolModule, Verification
+from arenaforge.schemas.reasons import RejectReason
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",
               "list": "array", "tuple": "array", "set": "array", "Dict": "object", "List": "array", "Tuple": "array",
@@ -199,9 +200,11 @@ def python_environment(
     sources: list[PythonSource], *, name: str | None = None, tool_docs: list[FunctionDoc] | None = None,
     initial_state: dict[str, Any] | None = None, calls: list[GoldCall] | None = None,
     init_args: dict[str, Any] | None = None, load_args: dict[str, Any] | None = None, question: str | None = None,
+    requirements: list[str] | None = None,
 ) -> Environment:
     """The environment (format 2, not yet replayed) of `sources`. With several sources, `initial_state`, `init_args`
-    and `load_args` are keyed by each source's key (its class, else its file stem)."""
+    and `load_args` are keyed by each source's key (its class, else its file stem); `requirements`: the packages
+    outside the standard library the code imports (`mpmath==1.3.0`)."""
     keys = [s.key for s in sources]
     if len(set(keys)) != len(keys):
         raise InputError(f"two sources share a namespace name: {keys}")
@@ -220,19 +223,27 @@ def python_environment(
         return Environment(name=name or "python-" + "-".join(keys), tools=docs, code="", style="class" if sources[0].class_name else "functions",
                            modules=modules, initial_state=initial_state, calls=calls or [], question=question,
                            gold_answers=list(dict.fromkeys(c.answer for c in calls or [] if c.answer)),
-                           provenance=Provenance(backend="import"))
+                           requirements=sorted(set(requirements or [])), provenance=Provenance(backend="import"))
     except ValueError as err:
         raise InputError(f"the imported environment is invalid: {str(err).splitlines()[0]}") from None
 
 
-async def import_environment(pool: Any, env: Environment, suite: str, sources: list[PythonSource]) -> Environment:
+STAGE = "import_python"
+
+
+async def import_environment(pool: Any, env: Environment, suite: str,
+                             sources: list[PythonSource]) -> Environment | Rejection:
     """Replay the gold calls in the sandbox; the environment with its native check (the final state's hash) and
-    verification. InputError when the code does not load, a gold call fails, or the state cannot be read."""
-    from arenaforge.environments.runtime import EnvLoadError, replay
+    verification, or a rejection naming a declared requirement no wheel satisfies. InputError when the code does
+    not load, a gold call fails, or the state cannot be read."""
+    from arenaforge.environments.runtime import EnvLoadError, RequirementUnavailable, replay
     from arenaforge.schemas.errors import SandboxError
 
     try:
         observations, final = await replay(pool, env, env.calls)
+    except RequirementUnavailable as err:
+        return Rejection(stage=STAGE, subject=env.name, reason=RejectReason.MISSING_REQUIREMENT, detail=err.detail,
+                         payload={"requirement": err.requirement, "requirements": env.requirements})
     except EnvLoadError as err:
         raise InputError(f"{env.name}: the tool code does not load in the sandbox: {err.detail.strip().splitlines()[-1]}") from None
     except SandboxError as err:

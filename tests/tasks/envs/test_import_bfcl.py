@@ -35,7 +35,7 @@ def bfcl_reference(entry: dict, answer: dict, category: str) -> tuple[list[list[
         out, instances = execute_multi_turn_func_call(turn, entry["initial_config"], entry["involved_classes"], model,
                                                       entry["id"], long_context=category == "long_context")
         results.append(out)
-        hashes.append(state_hash({c: namespace_state(i) for c, i in instances.items() if c != "MathAPI"}))
+        hashes.append(state_hash({c: namespace_state(i) for c, i in instances.items()}))  # as BFCL compares: every class
     return results, hashes
 
 
@@ -61,10 +61,10 @@ def test_every_gold_replay_reproduces_bfcl_s_executor(bfcl, backend: str) -> Non
     envs, rejections = asyncio.run(scenario())
     by_task = {e.native.source.rsplit(": ", 1)[1]: e for e in envs}
     entries = {e["id"]: (c, e, a) for c in CATEGORIES for e, a in bfcl.entries(c)}
-    assert len(entries) == 800 and len(envs) + len(rejections) == 800
-    # the only tasks left out are those of the class that needs a package outside the standard library
-    assert {r.reason for r in rejections} == {"non_stdlib_code"} and all("MathAPI needs mpmath" in r.detail for r in rejections)
-    assert len(rejections) == sum("MathAPI" in e["involved_classes"] for _, e, _ in entries.values())
+    # every task imports: MathAPI's declare mpmath, installed from local wheels into the session's import path
+    assert len(entries) == 800 and len(envs) == 800 and rejections == []
+    math_tasks = {e["id"] for _, e, _ in entries.values() if "MathAPI" in e["involved_classes"]}
+    assert len(math_tasks) == 100 and all(by_task[t].requirements == ["mpmath==1.3.0"] for t in math_tasks)
     mismatched = []
     for task_id, env in by_task.items():
         category, entry, answer = entries[task_id]

@@ -2,8 +2,9 @@
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
   1. leaves the worker's mount and IPC namespaces: a private, size-capped tmpfs on /tmp, /dev/shm
-     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend, no
-     SysV/POSIX IPC shared with other sessions;
+     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend (its
+     template's requirement directories bound back read-only under /tmp), no SysV/POSIX IPC shared
+     with other sessions;
   2. drops to its own uid (random in the worker's range), no capabilities;
   3. gets rlimits (address space, CPU seconds, processes of its uid, no core dumps);
   4. sets no-new-privileges and a seccomp filter that refuses sockets (no network, no loopback or
@@ -16,6 +17,7 @@ Teardown is `kill_uid`: a helper running as the session's uid kills every proces
 """
 
 import ctypes
+import functools
 import os
 import resource
 import shutil
@@ -26,6 +28,8 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x08000000, 0x40000000
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 NAMESPACE_FLAGS = 0x7E020080  # every CLONE_NEW* flag (cgroup, uts, ipc, user, pid, net, mount, time)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
+MS_REMOUNT, MS_BIND = 32, 4096
+SHARED_MOUNT = "/tmp/.site-{}"  # where a session sees the i-th read-only directory its template shares (requirements)
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 
@@ -102,6 +106,7 @@ def unshare_net(is_root: bool) -> bool:
     return True
 
 
+@functools.cache  # built once in the zygote (`warm_up`): every session fork inherits the bytes
 def _seccomp_program() -> bytes | None:
     arch = os.uname().machine
     if arch not in AUDIT_ARCH:
@@ -123,6 +128,11 @@ def _seccomp_program() -> bytes | None:
     return out + b"".join(struct.pack("HBBI", ret, 0, 0, k) for k in tail)
 
 
+def warm_up() -> None:
+    """What every session's confinement computes the same way, computed once before the forks."""
+    _seccomp_program()
+
+
 def install_seccomp() -> bool:
     """No new privileges, then the syscall filter; False where the architecture is unknown or seccomp refused."""
     program = _seccomp_program()
@@ -142,12 +152,17 @@ def _drop_capabilities() -> None:
     _check(_libc().capset(ctypes.c_char_p(header), data), "capset")
 
 
-def _private_mounts(owner: int, limits: dict) -> None:
+def _private_mounts(owner: int, limits: dict, shared: list[str] | tuple = ()) -> dict[str, str]:
+    """Private /tmp, /dev/shm and IPC, hidden host paths; with `bind_shared` (the process backend, where they may be
+    hidden or unreadable by the session's uid; the worker is root with every capability there), the `shared`
+    directories bound read-only under the private /tmp; returns where the session sees those."""
     libc = _libc()
     # a network namespace per session costs milliseconds to make and more to tear down; with the filter on socket()
     # it buys nothing, so it is only the fallback where seccomp is unavailable
     _check(libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | (0 if limits.get("seccomp") else CLONE_NEWNET)), "unshare")
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+    shared = list(shared) if limits.get("bind_shared") else []
+    sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in shared]  # reachable still once they are hidden
     opts = f"size={int(limits['scratch_mb'])}m,mode=0700,uid={owner},gid={owner}".encode()
     for path in PRIVATE_DIRS:
         if os.path.isdir(path):
@@ -156,6 +171,16 @@ def _private_mounts(owner: int, limits: dict) -> None:
         if os.path.isdir(path):
             flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
             _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"size=4k,mode=0755"), f"hiding {path}")
+    seen = {}
+    for i, fd in enumerate(sources):
+        target = SHARED_MOUNT.format(i)
+        os.mkdir(target, 0o755)
+        _check(libc.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND, None), f"binding {shared[i]}")
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+        _check(libc.mount(None, target.encode(), None, flags, None), f"read-only {shared[i]}")
+        os.close(fd)
+        seen[shared[i]] = target
+    return seen
 
 
 def probe(limits: dict) -> dict:
@@ -184,10 +209,13 @@ def probe(limits: dict) -> dict:
     return {"namespaces": bool(flags & 1), "seccomp": bool(flags & 2)}
 
 
-def isolate(uid: int, limits: dict, scratch: str) -> str:
-    """Apply steps 1-5 of the module docstring to this (session) process; returns its working directory."""
+def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()) -> list[str]:
+    """Apply steps 1-5 of the module docstring to this (session) process; returns where it sees the read-only
+    directories `shared` (its template's installed requirements)."""
+    seen = list(shared)
     if limits.get("namespaces"):
-        _private_mounts(uid or os.getuid(), limits)
+        moved = _private_mounts(uid or os.getuid(), limits, shared)
+        seen = [moved.get(p, p) for p in shared]
         scratch = "/tmp"
     if uid:
         os.setgroups([])
@@ -218,7 +246,7 @@ def isolate(uid: int, limits: dict, scratch: str) -> str:
     os.chdir(scratch)
     os.environ.clear()
     os.environ.update({"HOME": scratch, "TMPDIR": scratch, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"})
-    return scratch
+    return seen
 
 
 def count_user_procs() -> int:

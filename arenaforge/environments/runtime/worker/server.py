@@ -29,6 +29,8 @@ LIMITS = {
     "uid_slots": 4096,
     "unshare_net": False,
     "hide_paths": [],
+    "spares": 1,  # sessions kept ready ahead of opens, per template opened more than once
+    "bind_shared": False,  # process backend: bind a template's requirement directories into each session (policy)
     "namespaces": False,  # set by the hello probe: private mounts/IPC/network per session work here
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
@@ -42,6 +44,7 @@ class Server(SessionServer):
         self.info_extra: dict = {"net_isolated": False, "namespaces": False, "seccomp": False}
         self.reader = Reader(1 << 31)
         self.outq: list[bytes] = []
+        self.topped_up = ""  # the template whose spares were last topped up (only it keeps more than one)
 
     # ---------------------------------------------------------------- loop and plumbing
     def run(self) -> None:
@@ -115,8 +118,8 @@ class Server(SessionServer):
         elif op == "unload":
             template = self.templates.pop(req.get("key"), None)
             if template is not None:
-                if template["spare"] is not None:
-                    self._drop(template["spare"])
+                for spare in template["spares"]:
+                    self._drop(spare)
                 self.sel.unregister(template["ctl"])
                 template["ctl"].close()  # the zygote exits once its last session is gone
             self.reply({"id": rid, "ok": True})
@@ -134,7 +137,10 @@ class Server(SessionServer):
 
     def _info(self) -> dict:
         sessions = sum(not s.spare for s in self.sessions.values())
-        return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "templates": len(self.templates),
+        spares = [s for s in self.sessions.values() if s.spare]
+        ready = sum(s.isolated and s.pending is None for s in spares)
+        return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "spares": len(spares), "spares_ready": ready,
+                "templates": len(self.templates),
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
                 **self.info_extra}
 
@@ -145,7 +151,7 @@ class Server(SessionServer):
         if template is None:
             pid, ctl = zygote.start(body, self.limits, self.forget)
             template = self.templates[key] = {"key": key, "pid": pid, "ctl": ctl, "ready": False, "waiting": [],
-                                              "opens": 0, "spare": None}
+                                              "opens": 0, "spares": []}
             self.sel.register(ctl, selectors.EVENT_READ, ("t", template))
         if template["ready"]:
             self.reply({"id": req["id"], "ok": True})
@@ -201,8 +207,8 @@ class Server(SessionServer):
         elif template is None or not template["ready"]:
             self.reply({"id": req["id"], "ok": False, "missing": True, "error": "the template is not loaded"})
         else:
-            spare, template["spare"] = template["spare"], None
-            if spare is not None and spare.sock is not None and not spare.lost and not spare.queue:
+            spare = self._take_spare(template)
+            if spare is not None:
                 del self.sessions[spare.sid]  # the open is a hand-over: answered now, or when the spare is ready
                 spare.sid, spare.spare = sid, False
                 self.sessions[sid] = spare
@@ -211,20 +217,46 @@ class Server(SessionServer):
                 else:
                     spare.pending["id"] = req["id"]
             else:
-                if spare is not None:
-                    self._drop(spare)
                 sess = self.sessions[sid] = Session(sid, key)
                 sess.queue.append(({"id": req["id"], "op": "open"}, b""))
                 self._pump(sess)
             template["opens"] += 1
-            if template["opens"] >= 2:  # a version opened again will be again: have the next one ready
-                self._prepare_spare(template)
+            if template["opens"] >= 2:  # a version opened again will be again: have the next ones ready
+                self._top_up(template)
+
+    def _top_up(self, template: dict) -> None:
+        """Spares for the version opened last, one more per open up to `spares` (a version opened twice gets one, as
+        many are, so no fork is wasted on it); every other version keeps one (idle processes cost memory)."""
+        previous = self.templates.get(self.topped_up) if self.topped_up != template["key"] else None
+        if previous is not None and len(previous["spares"]) > 1:
+            keep = sorted(previous["spares"], key=lambda s: s.pending is not None)  # a ready one first
+            previous["spares"] = keep[:1]
+            for extra in keep[1:]:
+                self._drop(extra)
+        self.topped_up = template["key"]
+        while len(template["spares"]) < min(int(self.limits["spares"]), template["opens"] - 1):
+            self._prepare_spare(template)
+
+    def _take_spare(self, template: dict) -> Session | None:
+        """A ready spare, else the one forked first (its open is answered once it is ready); dead ones are dropped.
+        Several are kept because opens back to back use them up faster than one is forked, confined and loaded."""
+        alive = []
+        for spare in template["spares"]:
+            if spare.sock is not None and not spare.lost and not spare.queue:
+                alive.append(spare)
+            else:
+                self._drop(spare)
+        ready = [s for s in alive if s.pending is None]
+        chosen = (ready or alive or [None])[0]
+        template["spares"] = [s for s in alive if s is not chosen]
+        return chosen
 
     def _prepare_spare(self, template: dict) -> None:
         """Fork, confine and load one session ahead of its open (it gets a real id when one comes)."""
         sess = Session(f"~spare-{next(self.serials)}", template["key"])
         sess.spare = True
-        self.sessions[sess.sid] = template["spare"] = sess
+        self.sessions[sess.sid] = sess
+        template["spares"].append(sess)
         sess.queue.append(({"id": None, "op": "open"}, b""))
         self._pump(sess)
 

@@ -22,6 +22,7 @@ import resource
 import selectors
 import signal
 import socket
+import sys
 import traceback
 from collections.abc import Callable
 
@@ -84,6 +85,7 @@ def _main(ctl: socket.socket, payload: bytes, limits: dict) -> None:
             spec["compiled"] = compile(spec["code"], file, "exec", dont_inherit=True)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass  # the session compiles again and reports the error as the tool code's
+    policy.warm_up()
     gc.collect()
     gc.freeze()  # sessions' collections skip the state: no copy-on-write of its pages
     _send(ctl, {"ready": True, "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
@@ -152,7 +154,7 @@ def _spawn(fd: int, template: dict, limits: dict, spec: dict, inherited: tuple) 
         conn = socket.socket(fileno=fd)
         _close_fds_except(conn.fileno())  # nothing but its own channel: no other session's, no worker's
         try:
-            policy.isolate(int(spec["uid"]), limits, spec["scratch"])
+            sys.path[:0] = policy.isolate(int(spec["uid"]), limits, spec["scratch"], template.get("paths") or ())
         except BaseException as err:  # noqa: BLE001 - reported as the sandbox's failure, before any tool code ran
             detail = "".join(traceback.format_exception_only(type(err), err)).strip()
             conn.sendall(encode({"nonce": spec["nonce"], "failure": "isolation", "error": clean(detail, 2000)[0]}))
