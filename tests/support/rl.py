@@ -2,14 +2,16 @@
 
 `InProcessPool` is a test double for `arenaforge.environments.runtime`'s pool (same open/call/close
 API): it runs an environment's standard-library tool code in this process with no isolation.
-It exists only so rollout and trainer tests need no sandbox; tests that exercise the real
-runtime use `real_pool()` when `arenaforge.environments.runtime` is importable.
+It exists only so rollout and trainer tests need no sandbox; tests that replay tool code for what it
+returns use the real pool on the process backend, `process_pool()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +71,16 @@ def solving_policy(env: Environment):
         return f"The answer is {env.gold_answers[-1]}."
 
     return respond
+
+
+@contextlib.asynccontextmanager
+async def process_pool(size: int = 1) -> AsyncIterator[Any]:
+    """The real sandbox pool on the process backend (subprocess workers), shut down on exit."""
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.schemas.config import SandboxConfig
+
+    async with await create_pool(SandboxConfig(backend="process", pool_size=size)) as pool:
+        yield pool
 
 
 @dataclass

@@ -268,3 +268,21 @@ def test_request_timeout_starts_when_the_request_is_sent(scripted_openai):
         answers = asyncio.run(go())
     assert [a.message.content for a in answers] == ["late", "late"] and all(a.attempts == 1 for a in answers)
     assert scripted_openai.max_in_flight == 1 and len(scripted_openai.chat_requests()) == 2
+
+
+def test_a_lazy_prompt_is_rendered_for_a_model_and_never_for_rules(scripted_openai):
+    from tests.support.models import offline_model
+
+    rendered: list[str] = []
+
+    def prompt() -> str:
+        rendered.append("where?")
+        return "where?"
+
+    scripted_openai.responder = lambda req: chat_completion(content='{"city": "Oslo"}')
+    with chat_model(_cfg(scripted_openai.url)) as model:
+        assert asyncio.run(complete_json(model, "geo", prompt, SCHEMA)) == {"city": "Oslo"}
+    assert rendered == ["where?"]
+    assert scripted_openai.chat_requests()[0]["messages"] == [{"role": "user", "content": "where?"}]
+    answer = asyncio.run(complete_json(offline_model(), "sft.propose_chains", prompt, {"type": "object"}))
+    assert answer == {"chains": []} and rendered == ["where?"]  # rules answered without the text

@@ -8,12 +8,22 @@ import json
 from arenaforge.schemas.models import GoldCall, ToolObservation
 from arenaforge.tasks.train.sft import encode, load_examples
 from arenaforge.tasks.train.warmstart import warmstart_examples, write_jsonl
-from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import InProcessPool, process_pool, solving_policy, tiny_env, tiny_model_path
+
+
+def _replayed(envs):
+    """Warm-start examples of `envs`, their gold calls run in the real sandbox (process backend)."""
+
+    async def main():
+        async with process_pool() as pool:
+            return await warmstart_examples(pool, envs)
+
+    return asyncio.run(main())
 
 
 def test_conversation_replays_gold_calls_in_the_sandbox():
     env = tiny_env()
-    examples, rejections = asyncio.run(warmstart_examples(InProcessPool(), [env]))
+    examples, rejections = _replayed([env])
     assert rejections == [] and len(examples) == 1
     messages = examples[0]["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
@@ -52,7 +62,7 @@ def test_envs_whose_gold_calls_fail_are_rejected():
     broken = tiny_env(country="Sylvania").model_copy(
         update={"calls": [GoldCall(tool="get_capital", arguments={"country": "Nowhere"})]})
     no_calls = tiny_env(country="Borduria").model_copy(update={"calls": []})
-    examples, rejections = asyncio.run(warmstart_examples(InProcessPool(), [tiny_env(), broken, no_calls]))
+    examples, rejections = _replayed([tiny_env(), broken, no_calls])
     assert len(examples) == 1 and examples[0]["env_id"] == tiny_env().id
     assert sorted(r.reason for r in rejections) == ["gold_call_failed", "no_gold_calls"]
 

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def test_bench_warehouse_prints_each_layout_and_loses_nothing(tmp_path):
     res = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "warehouse", "--writers", "2",
@@ -22,3 +24,18 @@ def test_bench_warehouse_prints_each_layout_and_loses_nothing(tmp_path):
             assert figures["rows_per_s"] > 0, (name, scenario)
     assert out["layouts"]["ducklake_sqlite"]["four_writers"]["read_p99_s"] > 0  # a reader read while writers wrote
     assert out["goals"]["rows_lost_0"] is True and out["ducklake_sqlite_vs_today_one_writer"] > 0
+
+
+def test_the_stage_benchmarks_run_on_a_lake_or_on_one_duckdb_file(tmp_path):
+    from arenaforge.schemas.errors import ConfigError
+    from arenaforge.tasks.benchmarks import bench_warehouse_path
+    from arenaforge.warehouse import Warehouse
+    from arenaforge.warehouse.lake import LakeStore
+    from arenaforge.warehouse.single_file import FileStore
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert isinstance(Warehouse(bench_warehouse_path(tmp_path / "a", "file")).store, FileStore)
+    assert isinstance(Warehouse(bench_warehouse_path(tmp_path / "b", "lake")).store, LakeStore)
+    with pytest.raises(ConfigError, match="unknown warehouse layout 'parquet'"):
+        bench_warehouse_path(tmp_path, "parquet")

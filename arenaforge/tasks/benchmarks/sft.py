@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arenaforge.tasks.benchmarks import bench_warehouse_path
+
 _ENTITIES = ["order", "product", "customer", "invoice", "ticket", "flight", "hotel", "booking", "payment", "shipment",
              "account", "project", "task", "document", "playlist", "track", "recipe", "patient", "appointment", "vehicle",
              "route", "station", "course", "student", "exam", "property", "listing", "campaign", "lead", "contract",
@@ -77,8 +79,11 @@ def generate_corpus(n_tools: int, n_servers: int, seed: int = 0) -> tuple[list[A
 
 
 async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, chains_per_server: int = 4,
-               embeddings: bool = False, seed: int = 0) -> dict:
-    """Ingest, graph build, chain sampling and end-to-end trajectories/minute on a generated corpus."""
+               embeddings: bool = False, seed: int = 0, layout: str = "lake") -> dict:
+    """Ingest, graph build, chain sampling and end-to-end trajectories/minute on a generated corpus.
+
+    `layout`: the warehouse, `lake` (DuckLake, the default) or `file` (one DuckDB file, the layout before
+    DuckLake), to time the stages apart from the storage under them."""
     from arenaforge.schemas.config import Config, SftConfig, WarehouseConfig
     from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.tasks.sft import chains, tool_graph
@@ -86,10 +91,11 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
     from arenaforge.tasks.sft.ingest_tools import finalise
     from arenaforge.warehouse import Warehouse
 
-    out: dict[str, Any] = {"tools": tools, "servers": servers, "e2e_servers": e2e_servers, "embeddings": embeddings}
+    out: dict[str, Any] = {"tools": tools, "servers": servers, "e2e_servers": e2e_servers, "embeddings": embeddings,
+                           "layout": layout}
     with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "bench.duckdb"
-        cfg = Config(warehouse=WarehouseConfig(path=str(db)), out_dir=str(Path(tmp) / "out"),
+        db = bench_warehouse_path(Path(tmp), layout)
+        cfg = Config(warehouse=WarehouseConfig(path=db), out_dir=str(Path(tmp) / "out"),
                      sft=SftConfig(use_embeddings=embeddings, chains_per_server=chains_per_server))
         wh = Warehouse(db)
 

@@ -17,6 +17,7 @@ with equal signatures compute the same function of the same data and are candida
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,10 +83,10 @@ class ToolBuilder:
         self.p_aug = load_prompt("envs_augment_tool")
         self.p_impl = load_prompt("envs_implement_tool")
 
-    async def _ask(self, step: str, text: str, schema: dict[str, Any], seed: int, inputs: ToolInputs) -> Any:
+    async def _ask(self, step: str, text: Callable[[], str], schema: dict[str, Any], seed: int, inputs: ToolInputs
+                   ) -> Any:
         try:
-            return await complete_json(self.model, step, [{"role": "user", "content": text}], schema, seed=seed,
-                                       inputs=inputs)
+            return await complete_json(self.model, step, text, schema, seed=seed, inputs=inputs)
         except NoAnswer as err:
             raise BuildError(err.reason, err.detail) from None
 
@@ -98,18 +99,18 @@ class ToolBuilder:
         inputs = ToolInputs(qa, sub, attempt, feedback, data)
         seed = attempt * 1000 + sub.index
         others = ", ".join(s.question for s in qa.sub_qas if s.index != sub.index and s.needs_tool) or "(none)"
-        raw = await self._ask("envs.tool_doc", self.p_doc.render(
+        raw = await self._ask("envs.tool_doc", lambda: self.p_doc.render(
             main_question=qa.main_question, question=sub.question, answer=sub.answer, other_tools=others,
             computes=describe(ev), key=ev.key, key_type=data.key_type), DOC_SCHEMA, seed, inputs)
         base = check_doc(raw)
-        raw = await self._ask("envs.augment_tool", self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA, seed,
-                              inputs)
+        raw = await self._ask("envs.augment_tool", lambda: self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA,
+                              seed, inputs)
         doc = check_doc(raw)
         if doc.name != base.name or not set(base.parameters.get("required", [])) <= set(doc.parameters.get("required", [])) | set(
                 doc.parameters.get("properties", {})):
             doc = base  # augmentation that renames the tool or drops parameters is ignored
         note = f"A previous implementation failed: {feedback}\nFix it." if feedback else ""
-        impl = await self._ask("envs.implement_tool", self.p_impl.render(
+        impl = await self._ask("envs.implement_tool", lambda: self.p_impl.render(
             tool=doc.model_dump_json(), question=sub.question, answer=sub.answer, feedback=note, name=doc.name,
             computes=describe(ev), layout=data.layout, sample=data.sample(), key=ev.key, value=ev.value),
             IMPL_SCHEMA, seed, inputs)

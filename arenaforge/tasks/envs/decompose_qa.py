@@ -177,15 +177,17 @@ class QASynthesizer:
         for k in range(spec.n):
             structure = allowed[k % len(allowed)]
             seed_q = seeds[pick_seed.randrange(len(seeds))] if (spec.mode == "conditioned" and seeds) else None
-            text = self.prompt.render(
-                knowledge=summary, structure=structure, min_hops=spec.min_hops, max_hops=spec.max_hops,
-                seed_question=seed_q or "(none: write your own question)", variant=k)
-            jobs.append((DecomposeInputs(source, spec, structure, k, seed_q), text))
+            jobs.append(DecomposeInputs(source, spec, structure, k, seed_q))
 
-        async def one(inputs: DecomposeInputs, text: str) -> QAInstance | Rejection:
+        def text(inputs: DecomposeInputs) -> str:
+            return self.prompt.render(
+                knowledge=summary, structure=inputs.structure, min_hops=spec.min_hops, max_hops=spec.max_hops,
+                seed_question=inputs.seed_question or "(none: write your own question)", variant=inputs.k)
+
+        async def one(inputs: DecomposeInputs) -> QAInstance | Rejection:
             subject = f"{source.name}:{inputs.structure}:{inputs.k}"
             try:
-                answer = await complete_json(self.model, "envs.decompose", [{"role": "user", "content": text}],
+                answer = await complete_json(self.model, "envs.decompose", lambda: text(inputs),
                                              QA_SCHEMA, seed=spec.seed + inputs.k, inputs=inputs)
             except NoAnswer as err:
                 return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail,
@@ -204,7 +206,7 @@ class QASynthesizer:
                 on_instance(made)
             return made
 
-        results = await asyncio.gather(*(one(*job) for job in jobs))
+        results = await asyncio.gather(*(one(job) for job in jobs))
         instances = {r.id: r for r in results if isinstance(r, QAInstance)}
         return QABatch(list(instances.values()), [r for r in results if isinstance(r, Rejection)])
 

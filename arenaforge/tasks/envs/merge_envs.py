@@ -53,9 +53,8 @@ class ToolGrouper:
         listing = "\n".join(json.dumps({"tool": key, "description": t.doc.description, "parameters": _param_types(t)})
                             for key, (_, t) in labelled.items())
         try:
-            answer = await complete_json(self.model, "envs.merge_cluster",
-                                         [{"role": "user", "content": self.prompt.render(tools=listing)}], MERGE_SCHEMA,
-                                         temperature=0.0, inputs=labelled)
+            answer = await complete_json(self.model, "envs.merge_cluster", lambda: self.prompt.render(tools=listing),
+                                         MERGE_SCHEMA, temperature=0.0, inputs=labelled)
         except (ParseError, ProviderError):
             return []  # no merge is always safe: every tool stays verified as it is
         out, used = [], set()

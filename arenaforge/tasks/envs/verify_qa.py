@@ -203,9 +203,8 @@ class QAJudge:
         self.prompt = load_prompt("envs_verify_qa")
 
     async def judge(self, qa: QAInstance) -> Judgement:
-        text = self.prompt.render(qa=qa_payload(qa))
-        answer = await complete_json(self.model, "envs.verify_qa", [{"role": "user", "content": text}], VERIFY_SCHEMA,
-                                     temperature=0.0, inputs=qa)
+        answer = await complete_json(self.model, "envs.verify_qa", lambda: self.prompt.render(qa=qa_payload(qa)),
+                                     VERIFY_SCHEMA, temperature=0.0, inputs=qa)
         necessity = {str(t["index"]): bool(t["needs_tool"]) for t in answer["tool_necessity"]}
         return Judgement(checks={c: bool(answer[c]) for c in CHECKS}, tool_necessity=necessity,
                          notes=tuple(answer.get("reasons", [])))

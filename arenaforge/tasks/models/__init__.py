@@ -8,12 +8,13 @@ and closes it when the run ends. Steps receive the model in their constructor an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from arenaforge.schemas.errors import ParseError
 from arenaforge.tasks.models.accounted import Accounted
 from arenaforge.tasks.models.answers import parse_json_answer
-from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse, NoAnswer, graded_by
+from arenaforge.tasks.models.base import ChatModel, ChatRequest, ChatResponse, NoAnswer, graded_by, reads_prompts
 from arenaforge.tasks.models.providers import open_chat_model
 from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatibleModel
 
@@ -31,11 +32,18 @@ ANSWER_TOKENS: dict[str, int] = {
 async def complete_json(
     model: ChatModel,
     step: str,
-    messages: list[dict[str, Any]],
+    messages: list[dict[str, Any]] | Callable[[], str],
     schema: dict[str, Any],
     **params: Any,
 ) -> Any:
-    """The validated JSON answer of a structured step; ParseError when it never validates."""
+    """The validated JSON answer of a structured step; ParseError when it never validates.
+
+    `messages` may be a function that renders the user prompt: it runs only for a model that reads prompts
+    (`reads_prompts`); rules answer from `inputs` and never pay for the text (chain verification alone
+    renders ~55,000 prompts per bench run).
+    """
+    if callable(messages):
+        messages = [{"role": "user", "content": messages()}] if reads_prompts(model) else []
     params.setdefault("max_tokens", ANSWER_TOKENS.get(step))
     response = await model.complete(ChatRequest(step=step, messages=messages, response_schema=schema, **params))
     if response.parsed is None and schema.get("type") != "null":
@@ -55,4 +63,5 @@ __all__ = [
     "graded_by",
     "open_chat_model",
     "parse_json_answer",
+    "reads_prompts",
 ]

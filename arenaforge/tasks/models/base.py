@@ -78,6 +78,12 @@ class ChatModel(Protocol):
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
 
 
+def reads_prompts(model: ChatModel) -> bool:
+    """Whether the model reads the rendered prompt text: a model does; rules (the offline provider) answer from
+    the request's typed `inputs`, so a step renders its prompt only for a model that reads it."""
+    return model.decides_by == "model"
+
+
 def graded_by(model: ChatModel) -> Literal["rules", "model"]:
     """What a record says decided it: the offline provider's programmatic rules, or a model."""
     return model.decides_by

@@ -23,7 +23,7 @@ from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool, ToolChain, Trajectory
 from arenaforge.schemas.reasons import RejectReason
-from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest
+from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
@@ -67,18 +67,22 @@ class Agent:
     async def run(self, server: Server, tools: Sequence[Tool], task: Task, chain: ToolChain | None,
                   executor: ToolExecutor, rng: random.Random) -> Episode:
         messages = [system_message(server), ChatMessage(role="user", content=task.query)]
-        specs = [t.function.as_openai_tool() for t in tools]
+        # A model reads the whole conversation and the tool specs; rules (the offline agent) read only the
+        # newest message, a tool's result, and keep the rest in their plan.
+        reads = reads_prompts(self.model)
+        specs = [t.function.as_openai_tool() for t in tools] if reads else None
+        wire = [m.model_dump(mode="json", exclude_none=True) for m in messages]  # grows with `messages`
         inputs = AgentInputs(task.id, server, tuple(tools), task, chain, rng, self.max_turns, self.max_retries)
         calls = 0
         final = None
         for turn in range(self.max_turns + 1):
             last = turn == self.max_turns  # out of tool turns: ask for the answer
-            wire = [m.model_dump(mode="json", exclude_none=True) for m in messages]
-            response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire, tools=specs,
-                                                             tool_choice="none" if last else None,
+            response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire if reads else wire[-1:],
+                                                             tools=specs, tool_choice="none" if last else None,
                                                              max_tokens=ANSWER_TOKENS["sft.agent"], inputs=inputs))
             reply = response.message
             messages.append(reply)
+            wire.append(reply.model_dump(mode="json", exclude_none=True))
             if not reply.tool_calls:
                 final = reply.content
                 break
@@ -93,12 +97,14 @@ class Agent:
                 except ValueError as err:
                     messages.append(ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
                                                 content=f"Error: invalid arguments ({err})"))
+                    wire.append(messages[-1].model_dump(mode="json", exclude_none=True))
                     continue
                 result = await executor.call(call.function.name, args)
                 if result.environment_failure:  # the MCP server or the sandbox failed, not the tool nor the agent
                     raise EnvironmentFailure(f"{call.function.name}: {result.observation.error or result.observation.outcome}")
                 messages.append(ChatMessage(role="tool", tool_call_id=call.id, name=call.function.name,
                                             content=result.observation.text()))
+                wire.append(messages[-1].model_dump(mode="json", exclude_none=True))
         return Episode(messages, calls, final)
 
 

@@ -9,8 +9,10 @@ bounded walks (`tool_graph.sample_walk`) and keeps every chain with its verdict.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 
@@ -18,7 +20,7 @@ from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
-from arenaforge.tasks.models import ChatModel, complete_json
+from arenaforge.tasks.models import ChatModel, complete_json, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import (
     Edge,
@@ -57,11 +59,10 @@ class EdgeProposer:
     async def propose(self, server: Server, tools: Sequence[Tool]) -> tuple[list[Edge], list[Rejection]]:
         edges = dataflow_edges(tools, self.cfg.embedding_threshold, self.similarity)
         names = {t.function.name for t in tools}
-        text = self.prompt.render(server=server.name, description=server.description or server.title,
-                                  tools=tool_lines(tools))
         try:
-            answer = await complete_json(self.model, "sft.propose_chains", [{"role": "user", "content": text}], CHAINS_SCHEMA,
-                                         inputs=ServerTools(server, tuple(tools)))
+            answer = await complete_json(self.model, "sft.propose_chains", lambda: self.prompt.render(
+                server=server.name, description=server.description or server.title, tools=tool_lines(tools)),
+                CHAINS_SCHEMA, inputs=ServerTools(server, tuple(tools)))
         except (ParseError, ProviderError) as err:
             return edges, [Rejection.of_error("graph", server.name, err)]
         pairs: dict[tuple[str, str], int] = {}
@@ -128,16 +129,20 @@ class ChainVerifier:
     async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
                      tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
         names = [t.function.name for t in chain]
-        tools_text = tool_lines(chain)
+        tools_text = functools.cache(lambda: tool_lines(chain))
         inputs = ChainInputs(server, tuple(chain), g, tuple(tools or chain))
+        # rules give every judge the same verdict, so one ballot stands for them all (and costs no task per vote)
+        votes = self.votes if reads_prompts(self.model) else 1
+
+        def ballot(judge: int) -> Awaitable[Any]:
+            return complete_json(self.model, "sft.verify_chain", lambda: self.vote_prompt.render(
+                server=server.name, tools=tools_text(), chain=" -> ".join(names), judge=judge), VOTE_SCHEMA,
+                inputs=inputs)
+
         try:
-            ballots = await asyncio.gather(*[
-                complete_json(self.model, "sft.verify_chain", [{"role": "user", "content": self.vote_prompt.render(
-                    server=server.name, tools=tools_text, chain=" -> ".join(names), judge=i + 1)}], VOTE_SCHEMA,
-                    inputs=inputs)
-                for i in range(self.votes)])
+            ballots = [await ballot(1)] if votes == 1 else await asyncio.gather(*[ballot(i + 1) for i in range(votes)])
             yes = sum(1 for b in ballots if b["valid"])
-            if yes * 2 <= self.votes:
+            if yes * 2 <= votes:
                 reasons: list[str] = []
                 for b in ballots:
                     if not b["valid"]:
@@ -145,12 +150,11 @@ class ChainVerifier:
                             if why not in reasons:
                                 reasons.append(why)
                 return False, reasons
-            query = await complete_json(self.model, "sft.chain_to_query", [{"role": "user", "content": self.query_prompt.render(
-                server=server.name, tools=tools_text, chain=" -> ".join(names))}], QUERY_SCHEMA, inputs=inputs)
-            all_tools = tool_lines(tools or chain)  # the planner chooses among every tool of the server
-            plan = await complete_json(self.model, "sft.query_to_chain", [{"role": "user", "content": self.plan_prompt.render(
-                server=server.name, tools=all_tools, query=query["query"])}], PLAN_SCHEMA,
-                inputs=PlanInputs(server, query["query"], tuple(tools or chain)))
+            query = await complete_json(self.model, "sft.chain_to_query", lambda: self.query_prompt.render(
+                server=server.name, tools=tools_text(), chain=" -> ".join(names)), QUERY_SCHEMA, inputs=inputs)
+            plan = await complete_json(self.model, "sft.query_to_chain", lambda: self.plan_prompt.render(
+                server=server.name, tools=tool_lines(tools or chain), query=query["query"]),  # among every tool
+                PLAN_SCHEMA, inputs=PlanInputs(server, query["query"], tuple(tools or chain)))
         except (ParseError, ProviderError) as err:
             return False, [f"model failed: {err}"]
         if plan["tools"] != names:

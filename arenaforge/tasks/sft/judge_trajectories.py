@@ -46,9 +46,11 @@ class TrajectoryJudge:
 
     async def judge(self, trajectory: Trajectory, task: Task | None, chain: ToolChain | None
                     ) -> tuple[dict[str, float], str]:
-        convo = "\n".join(_render(m) for m in trajectory.messages[1:])
-        text = self.prompt.render(conversation=convo[:12000], chain=" -> ".join(chain.tools) if chain else "(none)")
-        out = await complete_json(self.model, "sft.judge_trajectory", [{"role": "user", "content": text}], JUDGE_SCHEMA,
+        def text() -> str:
+            convo = "\n".join(_render(m) for m in trajectory.messages[1:])
+            return self.prompt.render(conversation=convo[:12000], chain=" -> ".join(chain.tools) if chain else "(none)")
+
+        out = await complete_json(self.model, "sft.judge_trajectory", text, JUDGE_SCHEMA,
                                   inputs=JudgeInputs(trajectory, task, chain))
         return {d: round(float(out[d]), 4) for d in JudgeScore.DIMENSIONS}, str(out.get("rationale", ""))
 

@@ -53,8 +53,8 @@ class QueryScorer:
     async def score(self, draft: QueryDraft, tools: Sequence[Tool]) -> tuple[dict[str, float], str]:
         from arenaforge.tasks.sft.tool_graph import tool_lines
 
-        text = self.prompt.render(query=draft.query, tools=tool_lines(tools))
-        out = await complete_json(self.model, "sft.score_query", [{"role": "user", "content": text}], SCORE_SCHEMA,
+        out = await complete_json(self.model, "sft.score_query",
+                                  lambda: self.prompt.render(query=draft.query, tools=tool_lines(tools)), SCORE_SCHEMA,
                                   inputs=ScoreInputs(draft, tuple(tools)))
         return {k: _clip(float(out[k])) for k in SCORES}, str(out.get("rationale", ""))
 

@@ -113,18 +113,17 @@ class QueryWriter:
         mode = "chain" if chain else "server"
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
-        text = self.write_prompt.render(server=server.title or server.name, description=server.description,
-                                        tools=tool_lines(steps), instruction=instruction)
-        answer = await complete_json(self.model, "sft.write_query", [{"role": "user", "content": text}], QUERY_SCHEMA,
-                                     inputs=WriteInputs(server, tuple(tools), chain, rng))
+        answer = await complete_json(self.model, "sft.write_query", lambda: self.write_prompt.render(
+            server=server.title or server.name, description=server.description, tools=tool_lines(steps),
+            instruction=instruction), QUERY_SCHEMA, inputs=WriteInputs(server, tuple(tools), chain, rng))
         names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
         base = QueryDraft(server.name, mode, answer["query"], names, chain.id if chain else None,
                           values=dict(answer.get("values") or {}))
         drafts = [base]
         for aug in self.augmentations:
-            prompt = self.augment_prompt.render(axis=aug, query=base.query, server=server.title or server.name)
-            out = await complete_json(self.model, "sft.augment_query", [{"role": "user", "content": prompt}],
-                                      AUGMENT_SCHEMA, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
+            out = await complete_json(self.model, "sft.augment_query", lambda aug=aug: self.augment_prompt.render(
+                axis=aug, query=base.query, server=server.title or server.name),
+                AUGMENT_SCHEMA, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
             drafts.append(QueryDraft(server.name, mode, out["query"], names, base.chain_id,
                                      out.get("persona") if aug == "persona" else None, aug,
                                      dict(out.get("values") or {}), base.query))

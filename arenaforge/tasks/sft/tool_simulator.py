@@ -273,11 +273,15 @@ class Simulator:
 
     async def answer(self, tool: Tool, arguments: dict[str, Any]) -> Any:
         schema = tool.returns or default_returns(tool)
-        history = "\n".join(f"{n}({json.dumps(a)}) -> {json.dumps(r)[:400]}" for n, a, r in self.history[-6:]) or "(none)"
-        text = self.prompt.render(name=tool.function.name, description=tool.function.description,
-                                  schema=json.dumps(schema), arguments=json.dumps(arguments), history=history)
+        recent = self.history[-6:]
+
+        def text() -> str:
+            history = "\n".join(f"{n}({json.dumps(a)}) -> {json.dumps(r)[:400]}" for n, a, r in recent) or "(none)"
+            return self.prompt.render(name=tool.function.name, description=tool.function.description,
+                                      schema=json.dumps(schema), arguments=json.dumps(arguments), history=history)
+
         # A ParseError here (never a valid answer after the re-asks) becomes an error observation in `call`.
-        return await complete_json(self.model, "sft.simulate_tool", [{"role": "user", "content": text}], schema,
+        return await complete_json(self.model, "sft.simulate_tool", text, schema,
                                    inputs=SimulateInputs(tool, arguments, schema, self.memory, self.rng))
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),

@@ -141,3 +141,35 @@ def test_openai_graph_proposes_and_verifies_with_votes_and_back_translation(scri
         assert not ok and reasons == ["each input comes from the user or an earlier output"]  # the judges' reason
     steps = Counter(r["response_format"]["json_schema"]["name"] for r in scripted_openai.chat_requests())
     assert steps == {"sft_propose_chains": 1, "sft_verify_chain": 6, "sft_chain_to_query": 1, "sft_query_to_chain": 1}
+
+
+class _Observed:
+    """The offline provider, with the steps it was asked for written down."""
+
+    def __init__(self) -> None:
+        from tests.support.models import offline_model
+
+        self.inner = offline_model()
+        self.name, self.kind, self.decides_by = self.inner.name, self.inner.kind, self.inner.decides_by
+        self.steps: list[str] = []
+        self.prompts: list[list[dict]] = []
+
+    async def complete(self, request):
+        self.steps.append(request.step)
+        self.prompts.append(request.messages)
+        return await self.inner.complete(request)
+
+
+def test_rules_verify_a_chain_with_one_ballot_and_no_rendered_prompt(corpus):
+    servers, tools = corpus
+    by = {t.function.name: t for t in tools["shop"]}
+    g = tool_graph.build_graph(tools["shop"], tool_graph.dataflow_edges(tools["shop"]))
+    model = _Observed()
+    verifier = chains.ChainVerifier(SftConfig(verify_votes=3), model)
+    good = [by["search_products"], by["add_to_cart"], by["checkout"]]
+    assert asyncio.run(verifier.verify(servers["shop"], good, g, tools["shop"])) == (True, [])
+    ok, reasons = asyncio.run(verifier.verify(servers["shop"], [by["get_product"], by["checkout"]], g, tools["shop"]))
+    assert not ok and any("checkout.cart_id" in r for r in reasons)
+    # every judge applies the same rules: one ballot stands for the three; rules read inputs, never prompt text
+    assert Counter(model.steps) == {"sft.verify_chain": 2, "sft.chain_to_query": 1, "sft.query_to_chain": 1}
+    assert model.prompts == [[]] * 4

@@ -66,9 +66,9 @@ class OfflineModel:
     def __init__(self, name: str = "offline") -> None:
         self.name = name
         self.state: dict[Any, Any] = {}
+        _load_generators()  # when the run opens its model, not inside the first step that asks
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        _load_generators()
         answer_of = _GENERATORS.get(request.step)
         if answer_of is None:
             raise ProviderError(f"the offline provider has no generator for step {request.step!r}")
