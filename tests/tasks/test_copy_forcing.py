@@ -63,12 +63,13 @@ def test_variants_are_a_pure_seeded_function_of_the_replay():
 
 def test_json_observations_rename_leaves_not_keys_and_ids_keep_their_prefix():
     env = tiny_env()
-    observations = [ToolObservation(outcome="ok", output=json.dumps({"city": "Quaxton", "store_id": "ST104", "price": 12.5})),
-                    ToolObservation(outcome="ok", output="81234")]
+    record = {"city": "Quaxton", "store_id": "ST104", "price": 12.5}
+    observations = [ToolObservation(outcome="ok", output=json.dumps(record)), ToolObservation(outcome="ok", output="81234")]
     variant = copy_forced_variants(conversation(env, observations), 1, seed=0)[0]
     observed = json.loads(next(m["content"] for m in variant["messages"] if m["role"] == "tool"))
     assert sorted(observed) == ["city", "price", "store_id"]
-    assert observed["city"] != "Quaxton" and re.fullmatch(r"ST\d{3}", observed["store_id"]) and observed["store_id"] != "ST104"
+    assert observed["city"] != "Quaxton" and observed["store_id"] != "ST104"
+    assert re.fullmatch(r"ST\d{3}", observed["store_id"])
     assert isinstance(observed["price"], float) and re.fullmatch(r"\d\d\.\d", str(observed["price"]))
     calls = [json.loads(c["function"]["arguments"]) for m in variant["messages"] for c in m.get("tool_calls", [])]
     assert calls[1]["city"] == observed["city"]
