@@ -110,6 +110,16 @@ def test_warmstart_command_writes_sft_jsonl(wh, tmp_path):
         assert [m["content"] for m in r["messages"] if m["role"] == "tool"] == gold[r["messages"][1]["content"]]
 
 
+def test_warmstart_command_adds_copy_forced_variants(wh, tmp_path):
+    out = _run(wh, "train", "warmstart", "--out", str(tmp_path), "--split", "all", "--copy-variants", "2")
+    assert (out["examples"], out["rejected"]) == (6, 0)
+    rows = [json.loads(line) for line in Path(out["path"]).read_text().splitlines()]
+    questions = {e.question for e in wh.load(Environment)}
+    assert [r.get("copy_forced", False) for r in rows] == [False] * 2 + [True] * 4
+    assert {r["messages"][1]["content"] for r in rows[:2]} == questions
+    assert not {r["messages"][1]["content"] for r in rows[2:]} & questions  # fresh values in every variant
+
+
 def test_grpo_vllm_engine_against_scripted_server(wh, tmp_path):
     from transformers import AutoTokenizer
 

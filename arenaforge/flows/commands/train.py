@@ -65,7 +65,10 @@ def grpo_cmd(
     temperature: float = typer.Option(1.0, help="Rollout sampling temperature."),
     warmstart_steps: int = typer.Option(0, help="First SFT this many steps on gold-call replays + kept trajectories."),
     warmstart_lr: float = typer.Option(1e-3, help="Warm-start SFT learning rate."),
+    warmstart_batch_size: int = typer.Option(8, help="Warm-start SFT examples per step."),
     warmstart_trajectories: int = typer.Option(200, help="Kept SFT-track trajectories in the warm-start data (at most)."),
+    warmstart_copy_variants: int = typer.Option(0, help="Copy-forced variants (fresh values, shuffled tools) per "
+                                                "gold-call replay in the warm-start data."),
     max_turns: int = typer.Option(4, help="Assistant turns per episode."),
     max_length: int = typer.Option(384, help="Response tokens per episode."),
     max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
@@ -89,7 +92,9 @@ def grpo_cmd(
         experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
         delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
         checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
-        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_trajectories=warmstart_trajectories,
+        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_batch_size=warmstart_batch_size,
+        warmstart_trajectories=warmstart_trajectories,
+        warmstart_copy_variants=warmstart_copy_variants,
         evaluate=evaluate, eval_limit=eval_limit,
         envs=EnvSelection(limit=env_limit, split=split, test_share=test_share),
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
@@ -107,12 +112,15 @@ def warmstart_cmd(
     out: str = typer.Option(..., "--out", help="Directory to write warmstart.jsonl to."),
     env_limit: int = typer.Option(None, help="Use at most this many environments."),
     split: str = typer.Option("train", help="Environment split: all, train or eval."),
+    copy_variants: int = typer.Option(0, help="Copy-forced variants (fresh values, shuffled tools) per replay."),
+    seed: int = typer.Option(0, help="Seed of the copy-forced variants."),
 ) -> None:
     """Warm-start SFT data: gold calls replayed in the sandbox, as OpenAI messages+tools JSONL."""
     from arenaforge.flows.train_flows import warmstart
     from arenaforge.tasks.train.jobs import EnvSelection, WarmstartParams
 
-    _echo(run_flow(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split)))))
+    _echo(run_flow(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split),
+                                             copy_variants=copy_variants, seed=seed))))
 
 
 @app.command("sft")

@@ -113,7 +113,8 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
 
 async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-small",
          warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
-         warmstart_lr: float = RECIPE["warmstart_lr"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
+         warmstart_lr: float = RECIPE["warmstart_lr"],
+         warmstart_copy_variants: int = RECIPE["warmstart_copy_variants"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
          group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
          test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
          sandbox: str = "process", seed: int = 0, suite: str = "", suite_db: str = "",
@@ -142,7 +143,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
     params = GrpoParams(db=str(db), model_path=model, out_dir=str(root / "train"), experiment=f"grpo-seed{seed}",
                         steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
                         warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
-                        warmstart_batch_size=warmstart_batch_size, eval_limit=eval_limit, seed=seed,
+                        warmstart_batch_size=warmstart_batch_size, warmstart_copy_variants=warmstart_copy_variants,
+                        eval_limit=eval_limit, seed=seed,
                         envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
     params = params.model_copy(update={"episode": params.episode.model_copy(update={"temperature": temperature})})
     import os
@@ -204,7 +206,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
         load = []
     return {
         "config": {"model": model, "n": n, "warmstart_steps": warmstart_steps, "warmstart_lr": warmstart_lr,
-                   "warmstart_batch_size": warmstart_batch_size, "eval_limit": eval_limit,
+                   "warmstart_batch_size": warmstart_batch_size, "warmstart_copy_variants": warmstart_copy_variants,
+                   "eval_limit": eval_limit,
                    "grpo_steps": grpo_steps, "grpo_lr": grpo_lr, "group_size": group_size, "batch_groups": batch_groups,
                    "temperature": temperature, "test_share": test_share, "seed": seed},
         "data": data, "stages": stages, "grpo_vs_warmstart": delta,

@@ -145,6 +145,8 @@ class GrpoParams(PolicyParams):
     warmstart_batch_size: int = Field(default=8, ge=1, description="Warm-start SFT examples per step.")
     warmstart_trajectories: int = Field(default=200, ge=0, description="At most this many kept SFT-track trajectories "
                                         "join the warm-start data (best judge score first).")
+    warmstart_copy_variants: int = Field(default=0, ge=0, description="Copy-forced variants per gold-call replay in the "
+                                         "warm-start data: fresh values, shuffled tools (tasks/train/copy_forcing.py).")
     evaluate: bool = Field(default=True, description="Evaluate on the test split: the starting policy, after the warm "
                            "start and after GRPO (greedy, training episode limits); prints the table.")
     eval_limit: int | None = Field(default=None, ge=1, description="Evaluate on at most this many test environments.")
@@ -152,7 +154,8 @@ class GrpoParams(PolicyParams):
 
 
 # The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
-RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3, "steps": 12,
+RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3,
+                          "warmstart_copy_variants": 0, "steps": 12,
                           "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 150}
 
 
@@ -160,6 +163,9 @@ class WarmstartParams(_Params):
     out: str = Field(description="Folder to write warmstart.jsonl to.")
     envs: EnvSelection = Field(default=EnvSelection(split="train"), description="Environments whose gold calls are "
                                "replayed (default: the train split).")
+    copy_variants: int = Field(default=0, ge=0, description="Copy-forced variants per replay (fresh values, shuffled "
+                               "tools) written after the replays.")
+    seed: int = Field(default=0, description="Seed of the copy-forced variants.")
 
 
 class SftParams(_Params):
@@ -400,10 +406,15 @@ def _mean_of(rows: Sequence[dict[str, float]], key: str) -> float | None:
     return round(sum(values) / len(values), 4) if values else None
 
 
-async def _warmstart_examples(cfg: Config, envs: Sequence[Environment]) -> tuple[list[dict[str, Any]], list[Any]]:
+async def _warmstart_examples(cfg: Config, envs: Sequence[Environment], copy_variants: int = 0,
+                              seed: int = 0) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Gold-call replays of `envs`, then `copy_variants` copy-forced variants of each; and the rejections."""
+    from arenaforge.tasks.train.copy_forcing import copy_forced_variants
     from arenaforge.tasks.train.warmstart import warmstart_examples
 
-    return await _with_pool(cfg, lambda pool: warmstart_examples(pool, envs))
+    replays, rejections = await _with_pool(cfg, lambda pool: warmstart_examples(pool, envs))
+    variants = [v for e in replays for v in copy_forced_variants(e, copy_variants, seed)]
+    return replays + variants, rejections
 
 
 async def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], model_path: str,
@@ -417,17 +428,18 @@ async def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Se
     from arenaforge.tasks.train.warmstart import trajectory_examples, write_jsonl
 
     with recorded_run(wh, "train-warmstart", params.model_dump(mode="json")) as (run, counts):
-        examples, rejections = await _warmstart_examples(cfg, envs)
+        examples, rejections = await _warmstart_examples(cfg, envs, params.warmstart_copy_variants, params.seed)
         counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
         if not examples:
             raise InputError(f"warm start: no environment's gold calls replay cleanly ({len(rejections)} rejected)")
-        replays = len(examples)
+        variants = sum(1 for e in examples if e.get("copy_forced"))
+        replays = len(examples) - variants
         if params.warmstart_trajectories:
             examples += trajectory_examples(wh, params.warmstart_trajectories)
         counts["examples"] = len(examples)
         data = write_jsonl(examples, out / "warmstart.jsonl")
-        log.info(f"warm start: {replays} gold-call replays + {len(examples) - replays} SFT-track trajectories, "
-                 f"{params.warmstart_steps} steps")
+        log.info(f"warm start: {replays} gold-call replays + {variants} copy-forced variants + "
+                 f"{len(examples) - replays - variants} SFT-track trajectories, {params.warmstart_steps} steps")
         sft_cfg = SftConfig(out_dir=str(out), epochs=10**6, max_steps=params.warmstart_steps,
                             batch_size=params.warmstart_batch_size, lr=params.warmstart_lr,
                             warmup_steps=min(20, params.warmstart_steps // 10), decay=True,
@@ -438,7 +450,7 @@ async def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Se
         counts["steps"] = summary.last_step - summary.first_step + 1
     final = CheckpointManager(out).checkpoints()[-1]
     return {"run_id": run.id, "checkpoint": str(final.path), "examples": len(examples), "replays": replays,
-            "trajectories": len(examples) - replays, "rejected": len(rejections),
+            "copy_forced": variants, "trajectories": len(examples) - replays - variants, "rejected": len(rejections),
             "steps": final.step, "last_loss": summary.metrics[-1]["loss"] if summary.metrics else None}
 
 
@@ -450,7 +462,7 @@ async def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
     with recorded_run(wh, "warmstart", params.model_dump(mode="json")) as (run, counts):
-        examples, rejections = await _warmstart_examples(cfg, envs)
+        examples, rejections = await _warmstart_examples(cfg, envs, params.copy_variants, params.seed)
         counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
         path = write_jsonl(examples, Path(params.out) / "warmstart.jsonl")
         counts["examples"] = len(examples)
