@@ -115,8 +115,8 @@ class Warehouse:
     def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """A fresh connection to the migrated warehouse (its tables unqualified), closed on exit.
 
-        Statements run outside `transaction()` commit on their own and do not take the writers' lock:
-        use it for reads, and `transaction()` or `upsert()` for writes.
+        For reads (in a lake they share one snapshot); it does not take the writers' lock, so write
+        with `transaction()` or `upsert()`.
         """
         with self.store.connect() as con:
             yield con

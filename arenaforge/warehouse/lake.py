@@ -21,13 +21,9 @@ Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import os
-import random
 import sqlite3
 import threading
-import time
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,13 +34,13 @@ from typing import Any
 import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.warehouse.extensions import extension_path
+from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.writer_lock import WriterLock, writer_lock
 
 # Rows per insert that DuckLake keeps inside the catalog instead of writing a Parquet file: DuckLake's
 # default. 0 and 1,000 measured no faster on the pipeline's write pattern; `db compact` flushes them.
 INLINE_ROWS = 10
 KEEP_IDLE = 2  # lakes a process keeps open while no Warehouse object uses them
-_PG_LOCK_KEY = 0x4172656E61  # "Arena": the advisory-lock key every writer of a PostgreSQL catalog uses
 
 
 @dataclass(frozen=True)
@@ -104,19 +100,6 @@ def _q(text: str) -> str:
 
 # --------------------------------------------------------------------------- one DuckDB per lake
 ALIAS = "arenaforge"  # the lake's catalog name, in this process as in `arenaforge db cli`
-_VERIFIED: set[str] = set()  # extension files whose signature this process has checked
-
-
-def _database(paths: list[str]) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with these extension files loaded. DuckDB checks an extension's signature
-    by hashing its file (~0.27 s for these 35 MB) at every LOAD into every database; a process checks
-    each file once, then loads it unchecked into the databases it opens later (~1 ms)."""
-    checked = all(p in _VERIFIED for p in paths)
-    db = duckdb.connect(config={"allow_unsigned_extensions": "true"} if checked else {})
-    for path in paths:
-        db.execute(f"LOAD '{_q(path)}'")
-        _VERIFIED.add(path)
-    return db
 
 
 class _Engine:
@@ -124,8 +107,8 @@ class _Engine:
     reads the snapshot of every attached lake (measured: a count(*) 21 ms with one attached, 97 ms with
     six; a stopped PostgreSQL catalog then broke queries to every other warehouse)."""
 
-    def __init__(self, location: LakeLocation, writer_lock: "WriterLock", timeout_s: float) -> None:
-        self.db = _database([extension_path(n) for n in location.extensions])
+    def __init__(self, location: LakeLocation, writer_lock: WriterLock, timeout_s: float) -> None:
+        self.db = database([extension_path(n) for n in location.extensions])
         if location.directory is not None:
             _prepare_directory(location)
         with writer_lock.hold(timeout_s):  # the first ATTACH creates the catalog: one process at a time
@@ -137,9 +120,18 @@ class _Engine:
         self.db.execute(f"USE {ALIAS}")
         self.users = 0
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
+    def cursor(self, begin: bool = False) -> duckdb.DuckDBPyConnection:
+        """A new connection with the lake as its default database (a cursor starts in the in-memory
+        one, not the parent's). With `begin`, inside BEGIN: the USE then reads the lake in the
+        transaction's own snapshot, not in a DuckLake transaction of its own (~1/8 of a small write's CPU)."""
         con = self.db.cursor()
-        con.execute(f"USE {ALIAS}")  # a cursor starts in the in-memory database, not the parent's
+        try:
+            if begin:
+                con.execute("BEGIN TRANSACTION")
+            con.execute(f"USE {ALIAS}")
+        except BaseException:
+            con.close()
+            raise
         return con
 
 
@@ -147,7 +139,7 @@ _ENGINES: dict[tuple[int, str], _Engine] = {}  # (pid, location key): DuckDB ins
 _ENGINES_LOCK = threading.Lock()
 
 
-def _acquire(location: LakeLocation, writer_lock: "WriterLock", timeout_s: float) -> _Engine:
+def _acquire(location: LakeLocation, writer_lock: WriterLock, timeout_s: float) -> _Engine:
     key = (os.getpid(), location.key)
     with _ENGINES_LOCK:
         eng = _ENGINES.get(key)
@@ -194,96 +186,6 @@ def _prepare_directory(location: LakeLocation) -> None:
         con.close()
 
 
-# --------------------------------------------------------------------------- the writers' lock
-class WriterLock:
-    """Writers of one warehouse take turns; `hold` waits with backoff up to a deadline."""
-
-    def hold(self, timeout_s: float) -> contextlib.AbstractContextManager[None]:
-        raise NotImplementedError
-
-
-class FileWriterLock(WriterLock):
-    """An exclusive flock on `<dir>/write.lock`: released by the kernel when its holder dies."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    @contextlib.contextmanager
-    def hold(self, timeout_s: float) -> Iterator[None]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            _wait(lambda: _try_flock(fd), timeout_s, self.path.parent)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor drops the lock
-
-
-def _try_flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-class AdvisoryWriterLock(WriterLock):
-    """A PostgreSQL transaction-scoped advisory lock: spans machines, dropped if its holder dies."""
-
-    def __init__(self, location: LakeLocation) -> None:
-        self.location = location
-
-    @contextlib.contextmanager
-    def hold(self, timeout_s: float) -> Iterator[None]:
-        alias = "lock_" + hashlib.sha1(self.location.target.encode()).hexdigest()[:12]
-        con = _lock_engine(self.location.target, alias).cursor()  # its own PostgreSQL session for this transaction
-        try:
-            con.execute("BEGIN TRANSACTION")
-            probe = f"SELECT * FROM postgres_query('{alias}', 'SELECT pg_try_advisory_xact_lock({_PG_LOCK_KEY})')"
-            _wait(lambda: bool(con.execute(probe).fetchone()[0]), timeout_s, self.location.data_path)
-            yield
-        finally:
-            with contextlib.suppress(duckdb.Error):
-                con.execute("ROLLBACK")  # ends the session's transaction: the lock goes with it
-            con.close()
-
-
-_LOCK_ENGINES: dict[tuple[int, str], duckdb.DuckDBPyConnection] = {}
-_LOCK_ENGINES_LOCK = threading.Lock()
-
-
-def _lock_engine(target: str, alias: str) -> duckdb.DuckDBPyConnection:
-    """A DuckDB of its own holding the PostgreSQL connections the advisory locks go through (beside
-    the lake's, every catalog listing there would reach into PostgreSQL's tables too)."""
-    with _LOCK_ENGINES_LOCK:
-        key = (os.getpid(), target)
-        if key not in _LOCK_ENGINES:
-            db = _database([extension_path("postgres_scanner")])
-            try:
-                db.execute(f"ATTACH '{_q(target)}' AS {alias} (TYPE postgres)")
-            except duckdb.Error as err:
-                raise WarehouseError(f"cannot reach the PostgreSQL catalog: {str(err).splitlines()[0]}") from None
-            _LOCK_ENGINES[key] = db
-        return _LOCK_ENGINES[key]
-
-
-def _wait(attempt, timeout_s: float, what: object) -> None:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.001
-    while not attempt():
-        if time.monotonic() > deadline:
-            raise WarehouseError(f"warehouse {what} stayed locked by another writer for {timeout_s:.0f}s")
-        # short polls: a writer that backs off far loses every race to one that just released
-        time.sleep(delay * (0.5 + random.random()))
-        delay = min(delay * 2, 0.01)
-
-
-def writer_lock(location: LakeLocation) -> WriterLock:
-    if location.directory is not None:
-        return FileWriterLock(location.directory / "write.lock")
-    return AdvisoryWriterLock(location)
-
-
 # --------------------------------------------------------------------------- attachment handle
 class Attachment:
     """One user's hold on this process's DuckDB for a lake, released when it is garbage-collected."""
@@ -296,8 +198,8 @@ class Attachment:
         weakref.finalize(self, _release, os.getpid(), location)
 
     @contextlib.contextmanager
-    def cursor(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        con = self._engine.cursor()
+    def cursor(self, begin: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = self._engine.cursor(begin)
         try:
             yield con
         finally:
@@ -351,8 +253,10 @@ class LakeStore:
 
     @contextlib.contextmanager
     def connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor inside one transaction: its reads share one snapshot, read once (each statement on
+        its own was a DuckLake transaction, and so was the cursor's USE)."""
         self._ensure_migrated()
-        with self._attached().cursor() as con:
+        with self._attached().cursor(begin=True) as con, self._committed(con):
             yield con
 
     @contextlib.contextmanager
@@ -366,20 +270,24 @@ class LakeStore:
             raise WarehouseError("a write transaction is already open in this thread; write inside it")
         held.add(self.key)
         try:
-            with att.lock.hold(self.lock_timeout_s), att.cursor() as con:
-                con.execute("BEGIN TRANSACTION")
-                try:
-                    yield con
-                except BaseException:
-                    with contextlib.suppress(duckdb.Error):
-                        con.execute("ROLLBACK")
-                    raise
-                try:
-                    con.execute("COMMIT")
-                except duckdb.Error as err:
-                    raise WarehouseError(f"commit to {self.location} failed: {str(err).splitlines()[0]}") from None
+            with att.lock.hold(self.lock_timeout_s), att.cursor(begin=True) as con, self._committed(con):
+                yield con
         finally:
             held.discard(self.key)
+
+    @contextlib.contextmanager
+    def _committed(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+        """COMMIT the open transaction of `con` when the block ends; ROLLBACK if it raises."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        try:
+            con.execute("COMMIT")
+        except duckdb.Error as err:
+            raise WarehouseError(f"commit to {self.location} failed: {str(err).splitlines()[0]}") from None
 
     def _ensure_migrated(self) -> None:
         key = self.where.key

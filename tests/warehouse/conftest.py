@@ -33,7 +33,7 @@ WRITER = textwrap.dedent(
     wh = Warehouse(location, lock_timeout_s=120, data_path=data_path)
     wh.relations()
     print("ready", flush=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 900  # the other writers may take minutes to start on a loaded machine
     while not go.exists():
         assert time.monotonic() < deadline
         time.sleep(0.01)

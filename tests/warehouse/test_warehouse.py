@@ -281,3 +281,12 @@ def test_a_write_inside_a_write_transaction_is_a_clear_error(tmp_warehouse):
         with pytest.raises(WarehouseError, match="already open in this thread"):
             tmp_warehouse.upsert(_tools(1))  # would otherwise wait on the lock this thread holds
     assert tmp_warehouse.count("graph_edges") == 1 and tmp_warehouse.count("tools") == 0
+
+
+def test_the_lake_runs_on_one_worker_thread_and_writes_in_the_lake(tmp_warehouse):
+    # one worker thread: the warehouse's statements are small, and more threads only added scheduling (WAREHOUSE.md)
+    assert tmp_warehouse.query("SELECT current_setting('threads')")[1] == [(1,)]
+    with tmp_warehouse.transaction() as con:  # BEGIN, then USE inside it: still the lake's tables
+        assert con.execute("SELECT current_database()").fetchone()[0] == "arenaforge"
+        con.execute("INSERT INTO graph_edges (server, src, dst, weight, origin) VALUES ('s', 'a', 'b', 1.0, 'dataflow')")
+    assert tmp_warehouse.count("graph_edges") == 1

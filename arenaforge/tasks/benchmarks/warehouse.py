@@ -19,8 +19,8 @@ order rotating so none always goes first on a machine whose load drifts.
 Reported per layout and scenario: rows/s (every row written, records and cache/usage rows, over
 the wall time from start to the last writer's flush; median of the repeats, and each run), the
 writers' CPU seconds per 1,000 rows (least distorted by machine load), upsert and read latency
-(pooled), rows lost and duplicated (expected distinct keys vs stored). Ratios are against today's
-single file (duckdb 2.0.0 when installed beside the environment).
+and a lake's writers' waits for the writers' lock (pooled), rows lost and duplicated (expected
+distinct keys vs stored). Ratios are against today's single file (duckdb 2.0.0 when installed beside the environment).
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ def _drive(procs: list[subprocess.Popen], outs: list[Path], plans: list[Path], e
         "rows": stored, "lost": lost, "duplicated": duplicated, "failures": failures,
         "wall": max(r["end"] for r in writes) - min(r["start"] for r in writes) if writes else None,
         "upserts": [x for r in writes for x in r["upsert_s"]], "cpu": sum(r["cpu_s"] for r in writes),
+        "lock_waits": [x for r in writes for x in r.get("lock_wait_s", [])],
         "reads": results[-1]["read_s"] if reader else [], "read_errors": results[-1]["errors"] if reader else [],
     }
 
@@ -183,11 +184,15 @@ def summarize(runs: list[dict[str, Any]], reader: bool) -> dict[str, Any]:
     """Median rows/s over the repeats; latencies pooled over them; losses and failures summed."""
     rates = sorted(r["rows"] / r["wall"] for r in runs if r["wall"])
     upserts = [x for r in runs for x in r["upserts"]]
+    waits = [x for r in runs for x in r["lock_waits"]]
     out: dict[str, Any] = {
         "rows_per_s": round(rates[len(rates) // 2], 1) if rates else None, "rows_per_s_runs": [round(x, 1) for x in rates],
         "rows_written": sum(r["rows"] for r in runs), "rows_lost": sum(r["lost"] for r in runs),
         "rows_duplicated": sum(r["duplicated"] for r in runs),
         "upsert_p50_s": _pct(upserts, 0.5), "upsert_p99_s": _pct(upserts, 0.99),
+        # what a lake's writers waited for one another (every take of the writers' lock, the group commits' too)
+        "writer_wait_p50_s": _pct(waits, 0.5), "writer_wait_p99_s": _pct(waits, 0.99),
+        "writer_wait_max_s": round(max(waits), 3) if waits else None,
         # the writers' own CPU (all their threads) per 1,000 rows: what machine load distorts least
         "writer_cpu_s_per_1k_rows": round(1000 * sum(r["cpu"] for r in runs) / max(1, sum(r["rows"] for r in runs)), 3),
     }

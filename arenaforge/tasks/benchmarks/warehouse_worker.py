@@ -38,6 +38,7 @@ def _wait_for(path: Path, timeout_s: float = 600) -> None:
 def write(wh: Any, workload: Path, go: Path, out: Path) -> dict[str, Any]:
     from arenaforge.schemas.registry import by_table
     from arenaforge.warehouse.buffer import BufferedTableWriter
+    from arenaforge.warehouse.writer_lock import lock_waits
 
     batches = []
     for batch in json.loads(workload.read_text()):  # validated records ready before the clock starts
@@ -46,6 +47,7 @@ def write(wh: Any, workload: Path, go: Path, out: Path) -> dict[str, Any]:
     cache = BufferedTableWriter(wh, "llm_cache", CACHE_COLUMNS)
     calls = BufferedTableWriter(wh, "llm_calls", CALL_COLUMNS)
     wh.relations()  # open (a lake: attach and read the catalog) before the clock starts
+    waited_before = len(lock_waits())  # the lake's writers' lock (the single file has its own): waits from here on
     Path(str(out) + ".ready").touch()
     _wait_for(go)
     start, cpu = time.time(), time.process_time()
@@ -61,7 +63,8 @@ def write(wh: Any, workload: Path, go: Path, out: Path) -> dict[str, Any]:
             upserts.append(time.perf_counter() - t)
     cache.close()
     calls.close()
-    return {"start": start, "end": time.time(), "cpu_s": time.process_time() - cpu, "new_records": new, "upsert_s": upserts}
+    return {"start": start, "end": time.time(), "cpu_s": time.process_time() - cpu, "new_records": new, "upsert_s": upserts,
+            "lock_wait_s": lock_waits()[waited_before:]}
 
 
 def read(wh: Any, go: Path, stop: Path, out: Path) -> dict[str, Any]:
