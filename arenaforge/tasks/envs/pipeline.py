@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from arenaforge.schemas.kinds_envs import DistractorSet
 from arenaforge.schemas.models import Environment, QAInstance, Rejection, Verification
@@ -58,6 +58,12 @@ class EnvsSpec(BaseModel):
         default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
     shared_data: str | None = Field(default=None, description="Path of ../shared/data (tau2_retail, astra sources).")
     seed: int | None = Field(default=None, description="Generator seed (default: config seed).")
+
+    @model_validator(mode="after")
+    def _stream_keeps_by_threshold(self) -> EnvsSpec:
+        if self.pipeline == "stream" and self.keep_rule != "threshold":
+            raise ValueError("pipeline stream keeps QAs by threshold only (percentile needs the whole batch's scores)")
+        return self
 
     def qa_spec(self, seed: int) -> QASpec:
         return QASpec(n=self.n, min_hops=self.min_hops, max_hops=self.max_hops, structures=tuple(self.structures),

@@ -12,7 +12,7 @@ second, so a killed run loses at most the last second's records and a re-run (co
 Same results as the batch pipeline (`synthesize_qas` then `build_environments` per chunk of
 `batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order
 (kept QAs in synthesis order, chunked, each chunk ordered by id and grouped by source). The percentile
-keep rule needs the whole batch's scores before anything is kept, so it runs the batch pipeline.
+keep rule needs the whole batch's scores before anything is kept, so `EnvsSpec` refuses it with stream.
 Merging and distractors still wait for the end of the run: incremental merging is not built yet.
 """
 
@@ -40,7 +40,7 @@ TOOL_CONCURRENCY = 256  # QAs whose tools are being built or verified at once (t
 async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
                    embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
     """The whole envs track for `spec`, by its `pipeline` setting; the counts of both stages."""
-    if spec.pipeline == "stream" and spec.keep_rule == "threshold":
+    if spec.pipeline == "stream":
         return await stream_envs(run, spec, sources, embed, timings)
     ids, counts = await synthesize_qas(run, spec, sources)
     for batch in chunks(ids, spec.batch_size):
@@ -52,8 +52,6 @@ async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSo
 async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
                       embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
     """QAs through verification and sandbox-verified tools one by one, then the end stages per chunk."""
-    if spec.keep_rule != "threshold":
-        raise ValueError("the streaming pipeline keeps QAs by threshold only (percentile needs the whole batch)")
     clock = Clock(timings if timings is not None else {})
     seed = run.cfg.seed if spec.seed is None else spec.seed
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
