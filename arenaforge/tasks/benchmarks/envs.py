@@ -110,7 +110,10 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
                 sampler.join(timeout=5)
         stream_window, stream = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb")
     # the endpoint's log arrives when it stops, so every share is read here
-    stream = {"busy_share_whole_run": endpoint.busy_share(limit, *stream_window), "requests":
+    stream_tools_end = stream_window[0] + stream.get("tools_verified_s", 0)
+    stream = {"busy_share_whole_run": endpoint.busy_share(limit, *stream_window),
+              "busy_share_until_tools_verified": endpoint.busy_share(limit, stream_window[0], stream_tools_end),
+              "requests":
               endpoint.arrivals(*stream_window), "whole_run_s": round(stream_window[1] - stream_window[0], 2), **stream}
     tools_start = t1 + timings.get("pool_start_s", 0)
     tools_end = tools_start + timings.get("tools_verified_s", 0)
@@ -138,6 +141,10 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         # the streaming pipeline on the same endpoint and inputs, just after: the whole-run figure side by side
         "whole_run_busy_share": {"batch": endpoint.busy_share(limit, t0, t2), "stream": stream["busy_share_whole_run"]},
         "whole_run_s": {"batch": round(t2 - t0, 2), "stream": stream["whole_run_s"]},
+        # from the first request until every tool is verified (before merging, distractors and self-tests)
+        "until_tools_verified_busy_share": {"batch": endpoint.busy_share(limit, t0, tools_end),
+                                            "stream": stream["busy_share_until_tools_verified"]},
+        "until_tools_verified_s": {"batch": round(tools_end - t0, 2), "stream": stream["tools_verified_s"]},
         "stream": stream,
     }
 
