@@ -1,6 +1,7 @@
 """Flow `envs` (`arenaforge envs synth`): ASTRA's RL track from knowledge sources to verified environments.
 
     synthesize-qas  -> kept QA ids -> build-environments (one task run per batch of QA ids)
+    stream-envs     (pipeline = stream: each QA moves on when ready, one task run; tasks/envs/stream.py)
 
 Composition only: the stages live in `arenaforge/tasks/envs/pipeline.py`. The flow runs in one event
 loop and opens one `RunScope` (the run's model and sandbox pool) that every stage shares. Model-driven
@@ -24,6 +25,7 @@ from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.schemas.errors import ConfigError
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
+from arenaforge.tasks.envs.stream import stream_envs
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.runs import recorded_run
@@ -40,6 +42,7 @@ class EnvsParams(EnvsSpec):
 synthesize_qas_task = task(synthesize_qas, name="synthesize-qas", retries=0, tags=[MODEL_ENDPOINT], cache_policy=NONE)
 build_environments_task = task(build_environments, name="build-environments", retries=0,
                                tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
+stream_envs_task = task(stream_envs, name="stream-envs", retries=0, tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
 
 
 def _warehouse(cfg: Any) -> Warehouse:
@@ -62,6 +65,9 @@ async def envs(params: EnvsParams) -> dict[str, int]:
 
 async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -> None:
     """QAs, then environments batch by batch; counts fill as stages finish (a failed run keeps them)."""
+    if params.pipeline == "stream" and scope.cfg.runner.kind != "ray":  # on Ray, batches go to the workers
+        counts.update(await stream_envs_task(scope, params))
+        return
     qa_ids, qa_counts = await synthesize_qas_task(scope, params)
     counts.update(qa_counts)
     batches = chunks(qa_ids, params.batch_size)

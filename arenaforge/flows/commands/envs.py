@@ -34,6 +34,8 @@ def synth(
     max_attempts: int = typer.Option(2, help="Regenerations of a tool that fails sandbox verification."),
     merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge functionally equivalent tools."),
     batch_size: int = typer.Option(400, help="QA instances per environment-building batch."),
+    pipeline: str = typer.Option("batch", help="batch (stage by stage) or stream (each QA moves on when ready; "
+                                 "threshold keep rule only)."),
     shared_data: str = typer.Option(None, help="Path of ../shared/data (for tau2_retail and astra)."),
     seed: int = typer.Option(None, help="Generator seed (default: config seed)."),
 ) -> None:
@@ -52,7 +54,7 @@ def synth(
             **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
             keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
             distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge,
-            batch_size=batch_size, shared_data=shared_data, seed=seed, config_path=st.config_path,
+            batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
             overrides=st.overrides)
     except ValueError as err:
         raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None

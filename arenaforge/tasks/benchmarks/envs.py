@@ -74,29 +74,32 @@ def answer(req):
 
 
 async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
+    from arenaforge.tasks.embeddings import embed
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
 
+    embed(["warm up"])  # the embedding model's one-off load is not the first pipeline's distractor stage
     samples: list[tuple[float, int]] = []
     stop = threading.Event()
 
-    def sample(model: Any) -> None:  # the client's slots held: the run's limiter for the endpoint
+    def sample(limiter: Any) -> None:  # the client's slots held: the run's limiter for the endpoint
         while not stop.is_set():
-            samples.append((time.perf_counter(), model.limiter.in_flight))
+            samples.append((time.perf_counter(), limiter.in_flight))
             time.sleep(0.01)  # a tighter loop steals the GIL from the event loop it measures
 
     with ScriptedEndpoint(_ANSWER, latency_s) as endpoint, tempfile.TemporaryDirectory() as tmp:
         model = ModelConfig(backend="openai", base_url=endpoint.url, model="scripted", cache=False,
                             concurrency_initial=limit, concurrency_max=limit, max_retries=2, timeout_s=120)
-        cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox))  # type: ignore[arg-type]
+        # the scripted endpoint's tool code is ours (envs_responder.py), so the process backend may run it
+        cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox, process_allows_model_code=True))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
         spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
         reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
         timings: dict[str, float] = {}
         async with open_run_scope(cfg, wh, "bench") as run:
-            sampler = threading.Thread(target=sample, args=(run.model,), daemon=True)
-            run.model.limiter  # bound to this loop before the sampler reads it
+            # the limiter is bound to this loop here; the sampler thread only reads its count
+            sampler = threading.Thread(target=sample, args=(run.model.limiter,), daemon=True)
             sampler.start()
             try:
                 t0 = time.perf_counter()
@@ -107,6 +110,13 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
             finally:
                 stop.set()
                 sampler.join(timeout=5)
+        stream_window, stream = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb")
+    # the endpoint's log arrives when it stops, so every share is read here
+    stream_tools_end = stream_window[0] + stream.get("tools_verified_s", 0)
+    stream = {"busy_share_whole_run": endpoint.busy_share(limit, *stream_window),
+              "busy_share_until_tools_verified": endpoint.busy_share(limit, stream_window[0], stream_tools_end),
+              "requests":
+              endpoint.arrivals(*stream_window), "whole_run_s": round(stream_window[1] - stream_window[0], 2), **stream}
     tools_start = t1 + timings.get("pool_start_s", 0)
     tools_end = tools_start + timings.get("tools_verified_s", 0)
     qa_requests = endpoint.request_window(t0, t1)
@@ -130,7 +140,29 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         **{k: round(v, 2) for k, v in timings.items()},
         "requests_per_s_qa": round(endpoint.arrivals(*qa_requests) / max(qa_requests[1] - qa_requests[0], 1e-9), 1),
         "ideal_requests_per_s": round(limit / latency_s, 1),
+        # the streaming pipeline on the same endpoint and inputs, just after: the whole-run figure side by side
+        "whole_run_busy_share": {"batch": endpoint.busy_share(limit, t0, t2), "stream": stream["busy_share_whole_run"]},
+        "whole_run_s": {"batch": round(t2 - t0, 2), "stream": stream["whole_run_s"]},
+        # from the first request until every tool is verified (before merging, distractors and self-tests)
+        "until_tools_verified_busy_share": {"batch": endpoint.busy_share(limit, t0, tools_end),
+                                            "stream": stream["busy_share_until_tools_verified"]},
+        "until_tools_verified_s": {"batch": round(tools_end - t0, 2), "stream": stream["tools_verified_s"]},
+        "stream": stream,
     }
+
+
+async def _stream_run(cfg: Config, spec: Any, db: Path) -> tuple[tuple[float, float], dict[str, Any]]:
+    """The same inputs through the streaming pipeline (tasks/envs/stream.py) into a fresh warehouse: its
+    window (perf_counter) and counts."""
+    from arenaforge.tasks.envs.stream import stream_envs
+    from arenaforge.tasks.run_scope import open_run_scope
+
+    timings: dict[str, float] = {}
+    async with open_run_scope(cfg, Warehouse(db), "bench") as run:
+        t0 = time.perf_counter()
+        counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
+        t1 = time.perf_counter()
+    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}}
 
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,

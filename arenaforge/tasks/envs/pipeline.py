@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from arenaforge.schemas.kinds_envs import DistractorSet
 from arenaforge.schemas.models import Environment, QAInstance, Rejection, Verification
@@ -54,8 +54,16 @@ class EnvsSpec(BaseModel):
     distractors_low: int = Field(default=1, ge=0, le=20)
     merge: bool = True
     batch_size: int = Field(default=400, ge=1, description="QA instances per environment-building batch.")
+    pipeline: Literal["batch", "stream"] = Field(
+        default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
     shared_data: str | None = Field(default=None, description="Path of ../shared/data (tau2_retail, astra sources).")
     seed: int | None = Field(default=None, description="Generator seed (default: config seed).")
+
+    @model_validator(mode="after")
+    def _stream_keeps_by_threshold(self) -> EnvsSpec:
+        if self.pipeline == "stream" and self.keep_rule != "threshold":
+            raise ValueError("pipeline stream keeps QAs by threshold only (percentile needs the whole batch's scores)")
+        return self
 
     def qa_spec(self, seed: int) -> QASpec:
         return QASpec(n=self.n, min_hops=self.min_hops, max_hops=self.max_hops, structures=tuple(self.structures),
@@ -68,7 +76,7 @@ class EnvsSpec(BaseModel):
         return DistractorMix(self.distractors_high, self.distractors_medium, self.distractors_low)
 
 
-def _stamp(records: list[Any], run_id: str | None) -> list[Any]:
+def stamp(records: list[Any], run_id: str | None) -> list[Any]:
     return [r if r.run_id == run_id else r.model_copy(update={"run_id": run_id}) for r in records]
 
 
@@ -94,7 +102,7 @@ async def synthesize_qas(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowl
         rejections.extend(batch.rejections)
     verdict = await verify_batch(judge, instances, spec.keep(), spec.min_hops, spec.max_hops, run.run_id, started)
     rejections.extend(verdict.rejections)
-    records = _stamp(instances, run.run_id) + verdict.verifications + _stamp(rejections, run.run_id)
+    records = stamp(instances, run.run_id) + verdict.verifications + stamp(rejections, run.run_id)
     await asyncio.to_thread(run.wh.upsert, records)
     counts = {"qa_instances": len(instances), "qa_kept": len(verdict.kept),
               "qa_rejected": len(instances) - len(verdict.kept), "rejections": len(rejections)}
@@ -115,7 +123,7 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
 
 async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sources: dict[str, KnowledgeSource],
                  seed: int, embed: Embedder | None, timings: dict[str, float]) -> dict[str, int]:
-    clock = _Clock(timings)
+    clock = Clock(timings)
     pool = await run.sandbox()
     clock.lap("pool_start_s")
     rejections: list[Rejection] = []
@@ -129,6 +137,13 @@ async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sou
         drafts += result.drafts
         rejections += result.rejections
     clock.lap("tools_verified_s")
+    return await finish_environments(run, spec, pool, drafts, rejections, seed, embed, clock)
+
+
+async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: list[EnvDraft],
+                              rejections: list[Rejection], seed: int, embed: Embedder | None,
+                              clock: Clock) -> dict[str, int]:
+    """Merging, distractors and self-test over one batch's verified drafts; writes its records and `rejections`."""
     merges = []
     if spec.merge and len(drafts) > 1:
         merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id)
@@ -167,13 +182,13 @@ async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sou
         envs.append(final)
         dsets.append(DistractorSet(env_id=final.id, mix=spec.mix().as_dict(), picks=picks, parents=[final.id, draft.qa.id],
                                    run_id=run.run_id))
-    await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + _stamp(rejections, run.run_id))
+    await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + stamp(rejections, run.run_id))
     clock.lap("write_s")
     return {"environments": len(envs), "env_rejections": len(rejections), "merges": sum(m.merged for m in merges),
             "merges_refused": sum(not m.merged for m in merges), "distractor_sets": len(dsets)}
 
 
-class _Clock:
+class Clock:
     def __init__(self, into: dict[str, float]) -> None:
         import time
 

@@ -1,0 +1,65 @@
+"""The streaming envs pipeline writes exactly the batch pipeline's records on the same inputs.
+
+Both pipelines run the bundled sample source, once on the offline provider and once against the scripted
+OpenAI-compatible endpoint over real HTTP (answers come back in whatever order the server finishes them,
+so the streaming pipeline meets QAs in a different order than the batch one), each into its own
+warehouse on the process sandbox; every record table must hold the same ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from arenaforge.schemas.config import load_config
+from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tasks.envs.stream import run_envs
+from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.warehouse import Warehouse
+
+TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "distractor_sets", "rejections"]
+ANSWER = """
+from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder
+answer = EnvsResponder()
+"""
+
+
+def _synthesize(db: Path, overrides: dict[str, object], spec: EnvsSpec) -> tuple[dict[str, list[str]], dict[str, int]]:
+    cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": "process", **overrides})
+    wh = Warehouse(db)
+
+    async def go() -> dict[str, int]:
+        async with open_run_scope(cfg, wh, "test") as run:
+            return await run_envs(run, spec)
+
+    counts = asyncio.run(go())
+    return {t: [r[0] for r in wh.query(f"SELECT id FROM {t} ORDER BY id")[1]] for t in TABLES}, counts
+
+
+def _both(tmp_path: Path, overrides: dict[str, object], **spec: object) -> None:
+    batch, batch_counts = _synthesize(tmp_path / "batch.duckdb", overrides, EnvsSpec(pipeline="batch", **spec))
+    stream, stream_counts = _synthesize(tmp_path / "stream.duckdb", overrides, EnvsSpec(pipeline="stream", **spec))
+    assert batch["environments"] and batch["qa_verifications"], "the inputs go all the way through"
+    assert stream == batch
+    assert stream_counts == batch_counts
+
+
+def test_stream_equals_batch_offline(tmp_path):
+    _both(tmp_path, {"model.backend": "offline"}, sources=["sample"], n=24, seed=0, batch_size=7)
+
+
+@pytest.mark.slow
+def test_stream_equals_batch_against_an_http_endpoint(tmp_path):
+    with ScriptedEndpoint(ANSWER, 0.01) as endpoint:
+        overrides = {"model.backend": "openai", "model.base_url": endpoint.url, "model.model": "scripted",
+                     "model.cache": False, "model.concurrency_initial": 16, "model.concurrency_max": 16,
+                     "sandbox.process_allows_model_code": True}  # trusted: the scripted model writes our code
+        _both(tmp_path, overrides, sources=["sample"], n=24, seed=0, batch_size=7)
+
+
+def test_stream_refuses_the_percentile_rule():
+    with pytest.raises(ValueError, match="threshold only"):
+        EnvsSpec(pipeline="stream", keep_rule="percentile")
