@@ -29,7 +29,7 @@ from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments, stamp,
                                             synthesize_qas)
 from arenaforge.tasks.envs.stream_writer import RecordWriter
-from arenaforge.tasks.envs.synthesize_env import _synthesize_one
+from arenaforge.tasks.envs.synthesize_env import synthesize_one
 from arenaforge.tasks.envs.tool_impl import EnvDraft
 from arenaforge.tasks.envs.verify_qa import QAJudge, judge_one, verify_batch
 from arenaforge.tasks.run_scope import RunScope
@@ -130,4 +130,4 @@ class _Stream:
     async def build(self, qa: QAInstance) -> EnvDraft | Rejection:
         pool = await self.pool_started
         async with self.tool_slots:
-            return await _synthesize_one(self.builders.get(qa.source, self.no_source), pool, qa, self.spec.max_attempts, self.run.run_id)
+            return await synthesize_one(self.builders.get(qa.source, self.no_source), pool, qa, self.spec.max_attempts, self.run.run_id)

@@ -33,13 +33,13 @@ async def synthesize_environments(builder: ToolBuilder, pool: Any, instances: li
 
     async def one(qa: QAInstance) -> EnvDraft | Rejection:
         async with sem:
-            return await _synthesize_one(builder, pool, qa, max_attempts, run_id)
+            return await synthesize_one(builder, pool, qa, max_attempts, run_id)
 
     results = await asyncio.gather(*(one(qa) for qa in instances))
     return SynthResult([r for r in results if isinstance(r, EnvDraft)], [r for r in results if isinstance(r, Rejection)])
 
 
-async def _synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_attempts: int,
+async def synthesize_one(builder: ToolBuilder, pool: Any, qa: QAInstance, max_attempts: int,
                           run_id: str | None) -> EnvDraft | Rejection:
     subs = [s for s in qa.sub_qas if s.needs_tool]
     built: dict[int, ToolImpl] = {}
