@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from arenaforge.environments.runtime.pool import _observation
+from arenaforge.environments.runtime.handles import observation as _observation
 from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
 from tests.environments.conftest import PoolHandle, start_pool
 from tests.environments.toolsets import retail_functions_env

@@ -25,313 +25,46 @@ Whose fault it is decides how it surfaces:
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
-import random
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from arenaforge.environments.runtime.connection import Loaded, Overdue, WorkerConnection, WorkerGone
-from arenaforge.environments.runtime.deps import Unavailable
+from arenaforge.environments.runtime.connection import Overdue, WorkerGone
+from arenaforge.environments.runtime.engines import docker_launcher
 from arenaforge.environments.runtime.errors import (
     FAILURES,
     EnvironmentFailure,
     EnvLoadError,
     Overloaded,
-    RequirementUnavailable,
     SessionLost,
-    SpawnFailure,
     UntrustedCodeRefused,
     WorkerLost,
 )
-from arenaforge.environments.runtime.worker.execution import STATE_TOOL
-from arenaforge.environments.runtime.engines import docker_launcher, on_least_loaded_engine
+from arenaforge.environments.runtime.handles import Session, model_written, observation
 from arenaforge.environments.runtime.transports import Launcher, ProcessLauncher, docker_engine_answers
+from arenaforge.environments.runtime.worker.execution import STATE_TOOL
+from arenaforge.environments.runtime.workers import GRACE_S, LOAD_STRETCH, WorkerSlots
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import Environment, GoldCall, ToolObservation
 
 log = logging.getLogger("arenaforge.sandbox")
 
-GRACE_S = 5.0  # the worker enforces deadlines; the pool gives up on a reply this much later
-LOAD_STRETCH = 4.0  # a request starved of CPU may take this many times its limit (time spent waiting is given back)
-UID_SLOTS = 4096  # session uids per worker (each session runs as its own uid when the worker is root)
-LAUNCH_ATTEMPTS = 3
-TEMPLATE_MEMO = 32  # environments whose serialized payload the pool keeps (to load them on other workers)
-OUTCOMES = ("ok", "no_output", "error", "timeout", "limit")
-MODEL_FREE_BACKENDS = ("offline", "import")  # provenance backends whose code no model wrote
+__all__ = ["Pool", "Session", "create_pool", "model_written", "replay", "run_calls"]
 
 
-@dataclass(eq=False)
-class Template:
-    """An environment's payload as the workers load it: the bytes and their content address."""
-
-    key: str
-    blob: bytes
-    env: Environment  # the object it was made from (the memo is keyed by env.id, checked by identity)
-    image: str | None = None  # the derived image its declared requirements need (docker), else the pool's
-
-
-@dataclass(eq=False)
-class Session:
-    """One episode's handle: the environment, its worker and its serialising lock."""
-
-    id: str
-    env: Environment
-    template: Template
-    opened_at: float
-    worker: WorkerConnection | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    closed: bool = False
-    calls: int = 0
-    resets: int = 0
-    turn: int = 0  # the episode's turn (0-based): which tools of a format-2 environment the agent may call
-
-    @property
-    def tools(self) -> list[str]:
-        return [t.name for t in self.env.tools]
-
-
-def _payload(env: Environment, site: str | None = None) -> dict[str, Any]:
-    payload = {"code": env.code, "style": env.style, "class_name": env.class_name, "data_var": env.data_var,
-               "initial_state": env.initial_state, "tools": [t.name for t in env.tools]}
-    if env.modules:  # format 2: each module in its own namespace (the key is absent for format 1: same address)
-        payload["modules"] = [m.model_dump(mode="json") for m in env.modules]
-    if site:  # declared requirements: the directory the sessions import them from
-        payload["paths"] = [site]
-    return payload
-
-
-def model_written(env: Environment) -> bool:
-    """Whether the environment's provenance says a model (not a person or the offline generator) wrote its code."""
-    prov = env.provenance
-    return prov is not None and prov.backend not in MODEL_FREE_BACKENDS
-
-
-def _observation(reply: dict[str, Any], duration: float) -> ToolObservation:
-    """The reply as an observation; a malformed one is an error observation, never an exception."""
-    texts = {k: reply.get(k) for k in ("output", "error", "traceback")}
-    if reply.get("outcome") not in OUTCOMES or not all(v is None or isinstance(v, str) for v in texts.values()):
-        return ToolObservation(outcome="error", error=f"the sandbox sent an invalid reply (outcome {reply.get('outcome')!r})",
-                               duration_s=duration)
-    try:
-        return ToolObservation(outcome=reply["outcome"], output=texts["output"] or "", error=texts["error"],
-                               traceback=texts["traceback"], truncated=reply.get("truncated") is True, duration_s=duration)
-    except ValidationError as err:
-        return ToolObservation(outcome="error", error=f"the sandbox sent an invalid reply: {err.errors()[0]['msg']}",
-                               duration_s=duration)
-
-
-class Pool:
-    """Warm workers running tool code; see the module docstring."""
+class Pool(WorkerSlots):
+    """Warm workers running tool code, and the sessions on them; see the module docstring."""
 
     def __init__(self, cfg: SandboxConfig, launcher: Launcher) -> None:
-        self.cfg = cfg
-        self.launcher = launcher
-        self.backend = launcher.backend
-        self.workers: list[WorkerConnection | None] = [None] * cfg.pool_size
-        self.images: list[str | None] = [None] * cfg.pool_size  # per slot: a derived image, or None: the pool's
-        self._placements: dict[tuple[str, ...], asyncio.Task[tuple[str | None, str]]] = {}
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        super().__init__(cfg, launcher)
         self._sids = itertools.count(1)
-        self._uses = itertools.count(1)
-        self._launching: dict[int, asyncio.Task[WorkerConnection]] = {}
-        self._closed = False
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._sessions: dict[str, Session] = {}
-        self._templates: OrderedDict[str, Template] = OrderedDict()
-        self.replaced = 0
-        self.info: dict[str, Any] = {}
-
-    # ---------------------------------------------------------------- lifecycle
-    async def start(self) -> None:
-        await asyncio.gather(*(self._worker(i) for i in range(self.cfg.pool_size)))
-        info = dict(next((w.info for w in self.workers if w is not None), {}))
-        if self.backend == "docker":
-            info["net_isolated"] = True  # network_mode none
-        self.info = {"backend": self.backend, **info}
-        if self.backend == "process":
-            if not info.get("namespaces"):
-                log.warning("process sandbox: no private namespaces per session (needs root or user namespaces): "
-                            "sessions share /tmp and the network namespace")
-            if not info.get("setuid"):
-                log.warning("process sandbox: not root, so sessions share one uid (weaker process and file isolation)")
-
-    async def __aenter__(self) -> Pool:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
-
-    async def shutdown(self) -> None:
-        """Stop every worker (their sessions die with them)."""
-        if self._closed:
-            return
-        self._closed = True
-        for task in self._launching.values():
-            task.cancel()
-        workers = [w for w in self.workers if w is not None]
-        await asyncio.gather(*(w.kill("the pool shut down") for w in workers), return_exceptions=True)
-        await self.launcher.close()
-
-    def _limits(self) -> dict[str, Any]:
-        cfg = self.cfg
-        return {
-            "memory_mb": cfg.memory_mb, "pids": cfg.pids, "cpu_s": cfg.session_cpu_s,
-            "output_limit": cfg.output_limit_bytes, "message_limit": cfg.message_limit_bytes,
-            "open_timeout_s": cfg.open_timeout_s, "scratch_root": self.launcher.scratch_root,
-            "scratch_mb": cfg.scratch_mb, "hide_paths": list(self.launcher.hide_paths), "load_stretch": LOAD_STRETCH,
-            # random uid ranges keep workers (and pools) from sharing a uid, hence rlimits and kill(-1) sweeps
-            "uid_base": random.randrange(100_000 // UID_SLOTS + 1, 2_000_000_000 // UID_SLOTS) * UID_SLOTS
-            if self.launcher.can_setuid else 0,
-            "uid_slots": UID_SLOTS,
-            "unshare_net": self.backend == "process",
-            "bind_shared": self.backend == "process",
-            "spares": cfg.spare_sessions,
-        }
-
-    async def _launch(self, index: int) -> WorkerConnection:
-        last: Exception | None = None
-        for attempt in range(LAUNCH_ATTEMPTS):
-            transport = await self.launcher.launch(index, self.images[index])
-            worker = WorkerConnection(transport, index)
-            try:
-                reply = await worker.request({"op": "hello", "limits": self._limits()}, timeout=60)
-                worker.info = reply.get("info", {})
-                worker.on_dead = self._on_worker_dead
-                return worker
-            except (Overdue, WorkerGone) as err:
-                last = err
-                await worker.kill("it failed its hello")
-                log.warning("sandbox worker %s failed to start (attempt %d): %r", worker.name, attempt + 1, err)
-        raise SandboxError(f"cannot start a sandbox worker on the {self.backend} backend: {last!r}")
-
-    async def _worker(self, index: int) -> WorkerConnection:
-        """The live worker in slot `index`, launching (once, shared) a replacement if needed."""
-        current = self.workers[index]
-        if current is not None and current.alive:
-            return current
-        if self._closed:
-            raise SandboxError("the sandbox pool is shut down")
-        task = self._launching.get(index)
-        if task is None:
-            if current is not None:
-                self.replaced += 1
-                log.warning("replacing sandbox worker %s: %s", current.name, current.death)
-                self._background(current.kill(current.death))
-            task = asyncio.get_running_loop().create_task(self._launch(index))
-            self._launching[index] = task
-            task.add_done_callback(lambda t, i=index: self._launched(i, t))
-        return await asyncio.shield(task)
-
-    def _launched(self, index: int, task: asyncio.Task[WorkerConnection]) -> None:
-        self._launching.pop(index, None)
-        if not task.cancelled() and task.exception() is None:
-            self.workers[index] = task.result()
-
-    async def _pick_worker(self, key: str, image: str | None = None) -> WorkerConnection:
-        slots = [i for i, slot_image in enumerate(self.images) if slot_image == image]
-        if not slots:  # the first session of a derived image: one worker of its own, kept like the others
-            self.workers.append(None)
-            self.images.append(image)
-            slots = [len(self.workers) - 1]
-        live = on_least_loaded_engine([w for w in (self.workers[i] for i in slots) if w is not None and w.alive])
-        if live:  # the least busy, preferring one that has the environment loaded already
-            return min(live, key=lambda w: (len(w.sessions) + (0 if key in w.loaded else 2), w.index))
-        dead = [i for i in slots if self.workers[i] is None or not self.workers[i].alive]
-        return await self._worker(dead[0])
-
-    def _on_worker_dead(self, worker: WorkerConnection) -> None:
-        """A worker died (crash, OOM kill, container removed): start its replacement right away."""
-        if not self._closed and self.workers[worker.index] is worker:
-            self._background(self._replace_quietly(worker.index))
-
-    def _background(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)  # keep a reference: the loop holds tasks only weakly
-        task.add_done_callback(self._tasks.discard)
-
-    async def _replace_quietly(self, index: int) -> None:
-        try:
-            await self._worker(index)
-        except (SandboxError, asyncio.CancelledError):
-            pass
-
-    # ---------------------------------------------------------------- templates
-    def template(self, env: Environment, placement: tuple[str | None, str | None] = (None, None)) -> Template:
-        """The environment's payload and content address, serialized once per environment object; `placement`:
-        where its declared requirements are (`place`)."""
-        hit = self._templates.get(env.id)
-        if hit is not None and hit.env is env:
-            self._templates.move_to_end(env.id)
-            return hit
-        # key order kept: tool code iterates its state's dicts (BFCL's file system lists a directory in its order)
-        blob = json.dumps(_payload(env, placement[1]), ensure_ascii=False, separators=(",", ":")).encode()
-        made = Template(hashlib.sha256(blob).hexdigest(), blob, env, placement[0])
-        self._templates[env.id] = made
-        while len(self._templates) > TEMPLATE_MEMO:
-            self._templates.popitem(last=False)
-        return made
-
-    async def _load(self, worker: WorkerConnection, template: Template) -> Loaded:
-        """Make sure `worker` has a zygote for `template` (one load per worker and version, shared by waiters)."""
-        loaded = worker.loaded.get(template.key)
-        if loaded is None:
-            loaded = worker.loaded[template.key] = Loaded(asyncio.get_running_loop().create_future())
-            self._background(self._send_load(worker, template, loaded))
-        loaded.last_used = next(self._uses)
-        await asyncio.shield(loaded.ready)
-        return loaded
-
-    async def _send_load(self, worker: WorkerConnection, template: Template, loaded: Loaded) -> None:
-        deadline = max(60.0, self._open_deadline())
-        try:
-            reply = await worker.request({"op": "load", "key": template.key}, timeout=deadline, body=template.blob)
-        except (Overdue, WorkerGone) as err:
-            failure: Exception = err if isinstance(err, WorkerGone) else Overloaded(f"{worker.name} loaded nothing in {deadline:g} s")
-            if isinstance(err, Overdue):
-                self._background(worker.probe(self.cfg.worker_stall_s))
-        else:
-            if reply.get("ok"):
-                loaded.rss_kb = int(reply.get("rss_kb") or 0)
-                if not loaded.ready.done():
-                    loaded.ready.set_result(None)
-                self._evict(worker)
-                return
-            failure = SpawnFailure(f"the worker could not load the environment: {reply.get('error')}")
-        if worker.loaded.get(template.key) is loaded:
-            del worker.loaded[template.key]
-        if not loaded.ready.done():
-            loaded.ready.set_exception(failure)
-
-    def _evict(self, worker: WorkerConnection) -> None:
-        """Unload the least recently used unused versions while the worker's zygotes exceed their budget."""
-        budget_kb = self.cfg.template_cache_mb * 1024
-        idle = sorted((v.last_used, k) for k, v in worker.loaded.items() if v.sessions == 0 and v.ready.done())
-        total = sum(v.rss_kb for v in worker.loaded.values())
-        for _, key in idle:
-            if total <= budget_kb:
-                break
-            total -= worker.loaded.pop(key).rss_kb
-            self._background(self._quiet(worker, {"op": "unload", "key": key}))
-
-    async def _quiet(self, worker: WorkerConnection, msg: dict[str, Any]) -> None:
-        try:
-            await worker.request(msg, timeout=GRACE_S + 10)
-        except (Overdue, WorkerGone):
-            pass
 
     # ---------------------------------------------------------------- sessions
-    def _open_deadline(self) -> float:
-        return self.cfg.open_timeout_s * LOAD_STRETCH + GRACE_S
-
     async def open(self, env: Environment) -> Session:
         """A fresh session of `env`: its code loaded, its initial state in place. Raises EnvLoadError."""
         if self._closed:
@@ -347,18 +80,6 @@ class Pool:
             await self._attach(session)
         self._sessions[session.id] = session
         return session
-
-    async def place(self, env: Environment) -> tuple[str | None, str]:
-        """(derived image or None, directory) of `env`'s declared requirements, installed once per set and pool
-        (`runtime.deps`). Raises RequirementUnavailable naming a requirement no wheel satisfies."""
-        wanted = tuple(sorted(env.requirements))
-        task = self._placements.get(wanted)
-        if task is None:
-            task = self._placements[wanted] = asyncio.get_running_loop().create_task(self.launcher.place(list(wanted)))
-        try:
-            return await asyncio.shield(task)
-        except Unavailable as err:
-            raise RequirementUnavailable(env.name, err.requirement, err.detail) from None
 
     async def _attach(self, session: Session) -> None:
         """Open `session` on a live worker, loading its template there first if needed."""
@@ -476,7 +197,7 @@ class Pool:
             session.resets += 1
             raise FAILURES.get(reply["failure"], EnvironmentFailure)(reply.get("error") or reply["failure"])
         session.calls += count
-        return _observation(reply, time.monotonic() - started)
+        return observation(reply, time.monotonic() - started)
 
     async def close(self, session: Session) -> None:
         """End a session: its processes are killed and its private files removed."""

@@ -2,7 +2,7 @@
 
 A `Launcher` makes `Transport`s; a transport moves JSON lines to and from one worker and can
 kill it. Everything above (sessions, limits, replacement) is the same for both backends and
-lives in `arenaforge.environments.runtime.pool`.
+lives in `arenaforge.environments.runtime.pool` (sessions) and `.workers` (worker slots).
 """
 
 from __future__ import annotations
