@@ -1,23 +1,28 @@
-"""Shared pieces for the RL/training tests: a hand-built environment, a test pool, the tiny model.
+"""Shared pieces for the RL/training tests: a hand-built environment, the real sandbox pool, the tiny model.
 
-`InProcessPool` is a test double for `arenaforge.environments.runtime`'s pool (same open/call/close
-API): it runs an environment's standard-library tool code in this process with no isolation.
-It exists only so rollout and trainer tests need no sandbox; tests that replay tool code for what it
-returns use the real pool on the process backend, `process_pool()`.
+Tests run tool code in the real pool on the process backend (`process_pool`, `with_pool`); a sandbox
+failure is a real one: the pool's worker processes are SIGKILLed (`dying_before`, `lose_sandbox_workers`)
+and the pool reports it as it would in production (WorkerLost / SessionLost).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import psutil
 
 from arenaforge.environments.runtime.errors import WorkerLost
 from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
+
+T = TypeVar("T")
 
 CODE = '''
 DATA = {}
@@ -81,6 +86,52 @@ async def process_pool(size: int = 1) -> AsyncIterator[Any]:
 
     async with await create_pool(SandboxConfig(backend="process", pool_size=size)) as pool:
         yield pool
+
+
+def kill_sandbox_workers() -> int:
+    """A real infrastructure failure: SIGKILL this process's sandbox workers (process backend); how many died."""
+    from arenaforge.environments.runtime.image import worker_argv
+
+    boot = worker_argv(sys.executable)[1:]  # the worker's own interpreter may differ (the launcher picks it)
+    workers = [p for p in psutil.Process().children() if p.cmdline()[1:] == boot]
+    for worker in workers:
+        worker.kill()
+    psutil.wait_procs(workers)
+    return len(workers)
+
+
+async def lose_sandbox_workers(pool: Any) -> None:
+    """Kill the pool's workers and wait until the pool has seen them die: the session's next call then raises
+    SessionLost (a call in flight at the kill would raise WorkerLost)."""
+    assert kill_sandbox_workers(), "no sandbox worker to kill"
+    while pool.stats()["workers"]:
+        await asyncio.sleep(0.01)  # polls a condition (the pool's reader sees EOF), no timing assumed
+
+
+def dying_before(respond: Callable[[str, int], str], tools: set[str]) -> Callable[[str, int], str]:
+    """`respond`, but the sandbox workers are SIGKILLed (once) as the agent emits its first call to one of `tools`:
+    that call then fails as the real pool reports a dead worker (WorkerLost or SessionLost)."""
+    killed = False
+
+    def wrapped(prompt: str, index: int) -> str:
+        nonlocal killed
+        text = respond(prompt, index)
+        if not killed and any(f'"name": "{tool}"' in text for tool in tools):
+            killed = bool(kill_sandbox_workers())
+            assert killed, "no sandbox worker to kill"
+        return text
+
+    return wrapped
+
+
+def with_pool(work: Callable[[Any], Awaitable[T]], size: int = 1) -> T:
+    """asyncio.run(work(pool)) with a fresh real pool on the process backend, shut down after."""
+
+    async def main() -> T:
+        async with process_pool(size) as pool:
+            return await work(pool)
+
+    return asyncio.run(main())
 
 
 @dataclass
