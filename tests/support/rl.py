@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
 
-from arenaforge.environments.runtime.errors import WorkerLost
-from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
+from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall
 
 T = TypeVar("T")
 
@@ -93,7 +91,11 @@ def kill_sandbox_workers() -> int:
     from arenaforge.environments.runtime.image import worker_argv
 
     boot = worker_argv(sys.executable)[1:]  # the worker's own interpreter may differ (the launcher picks it)
-    workers = [p for p in psutil.Process().children() if p.cmdline()[1:] == boot]
+    workers = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):  # a child that exits meanwhile is no worker to kill
+            if child.cmdline()[1:] == boot:
+                workers.append(child)
     for worker in workers:
         worker.kill()
     psutil.wait_procs(workers)
@@ -104,8 +106,10 @@ async def lose_sandbox_workers(pool: Any) -> None:
     """Kill the pool's workers and wait until the pool has seen them die: the session's next call then raises
     SessionLost (a call in flight at the kill would raise WorkerLost)."""
     assert kill_sandbox_workers(), "no sandbox worker to kill"
-    while pool.stats()["workers"]:
-        await asyncio.sleep(0.01)  # polls a condition (the pool's reader sees EOF), no timing assumed
+    deadline = time.monotonic() + 60
+    while pool.stats()["workers"]:  # polling the condition (the pool's reader sees EOF) with a deadline
+        assert time.monotonic() < deadline, "the pool did not notice its workers died"
+        await asyncio.sleep(0.01)
 
 
 def dying_before(respond: Callable[[str, int], str], tools: set[str]) -> Callable[[str, int], str]:
@@ -132,41 +136,6 @@ def with_pool(work: Callable[[Any], Awaitable[T]], size: int = 1) -> T:
             return await work(pool)
 
     return asyncio.run(main())
-
-
-@dataclass
-class InProcessPool:
-    """Test double of the sandbox pool; `fail_calls_to` makes a call fail as the runtime does when its worker
-    dies (`WorkerLost`, an EnvironmentFailure)."""
-
-    fail_calls_to: set[str] = field(default_factory=set)
-    opened: int = 0
-    closed: int = 0
-
-    async def open(self, env: Environment) -> dict[str, Any]:
-        namespace: dict[str, Any] = {}
-        exec(compile(env.code, f"<env {env.name}>", "exec"), namespace)  # test double only: no isolation
-        if env.data_var:
-            namespace[env.data_var] = copy.deepcopy(env.initial_state or {})
-        self.opened += 1
-        return namespace
-
-    async def call(self, session: dict[str, Any], tool_name: str, args: dict[str, Any]) -> ToolObservation:
-        if tool_name in self.fail_calls_to:
-            raise WorkerLost(f"worker for {tool_name} died")
-        try:
-            value = session[tool_name](**args)
-        except Exception as err:  # a tool's own error is an observation, as in the real runtime
-            return ToolObservation(outcome="error", error=f"{type(err).__name__}: {err}")
-        if value is None:
-            return ToolObservation(outcome="no_output")
-        return ToolObservation(outcome="ok", output=value if isinstance(value, str) else json.dumps(value))
-
-    async def close(self, session: Any) -> None:
-        self.closed += 1
-
-    async def shutdown(self) -> None:
-        return None
 
 
 def tiny_model_path() -> Path:
