@@ -1,23 +1,26 @@
-"""Shared pieces for the RL/training tests: a hand-built environment, a test pool, the tiny model.
+"""Shared pieces for the RL/training tests: a hand-built environment, the real sandbox pool, the tiny model.
 
-`InProcessPool` is a test double for `arenaforge.environments.runtime`'s pool (same open/call/close
-API): it runs an environment's standard-library tool code in this process with no isolation.
-It exists only so rollout and trainer tests need no sandbox; tests that replay tool code for what it
-returns use the real pool on the process backend, `process_pool()`.
+Tests run tool code in the real pool on the process backend (`process_pool`, `with_pool`); a sandbox
+failure is a real one: the pool's worker processes are SIGKILLed (`dying_before`, `lose_sandbox_workers`)
+and the pool reports it as it would in production (WorkerLost / SessionLost).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import copy
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from arenaforge.environments.runtime.errors import WorkerLost
-from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, ToolObservation
+import psutil
+
+from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall
+
+T = TypeVar("T")
 
 CODE = '''
 DATA = {}
@@ -83,39 +86,56 @@ async def process_pool(size: int = 1) -> AsyncIterator[Any]:
         yield pool
 
 
-@dataclass
-class InProcessPool:
-    """Test double of the sandbox pool; `fail_calls_to` makes a call fail as the runtime does when its worker
-    dies (`WorkerLost`, an EnvironmentFailure)."""
+def kill_sandbox_workers() -> int:
+    """A real infrastructure failure: SIGKILL this process's sandbox workers (process backend); how many died."""
+    from arenaforge.environments.runtime.image import worker_argv
 
-    fail_calls_to: set[str] = field(default_factory=set)
-    opened: int = 0
-    closed: int = 0
+    boot = worker_argv(sys.executable)[1:]  # the worker's own interpreter may differ (the launcher picks it)
+    workers = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):  # a child that exits meanwhile is no worker to kill
+            if child.cmdline()[1:] == boot:
+                workers.append(child)
+    for worker in workers:
+        worker.kill()
+    psutil.wait_procs(workers)
+    return len(workers)
 
-    async def open(self, env: Environment) -> dict[str, Any]:
-        namespace: dict[str, Any] = {}
-        exec(compile(env.code, f"<env {env.name}>", "exec"), namespace)  # test double only: no isolation
-        if env.data_var:
-            namespace[env.data_var] = copy.deepcopy(env.initial_state or {})
-        self.opened += 1
-        return namespace
 
-    async def call(self, session: dict[str, Any], tool_name: str, args: dict[str, Any]) -> ToolObservation:
-        if tool_name in self.fail_calls_to:
-            raise WorkerLost(f"worker for {tool_name} died")
-        try:
-            value = session[tool_name](**args)
-        except Exception as err:  # a tool's own error is an observation, as in the real runtime
-            return ToolObservation(outcome="error", error=f"{type(err).__name__}: {err}")
-        if value is None:
-            return ToolObservation(outcome="no_output")
-        return ToolObservation(outcome="ok", output=value if isinstance(value, str) else json.dumps(value))
+async def lose_sandbox_workers(pool: Any) -> None:
+    """Kill the pool's workers and wait until the pool has seen them die: the session's next call then raises
+    SessionLost (a call in flight at the kill would raise WorkerLost)."""
+    assert kill_sandbox_workers(), "no sandbox worker to kill"
+    deadline = time.monotonic() + 60
+    while pool.stats()["workers"]:  # polling the condition (the pool's reader sees EOF) with a deadline
+        assert time.monotonic() < deadline, "the pool did not notice its workers died"
+        await asyncio.sleep(0.01)
 
-    async def close(self, session: Any) -> None:
-        self.closed += 1
 
-    async def shutdown(self) -> None:
-        return None
+def dying_before(respond: Callable[[str, int], str], tools: set[str]) -> Callable[[str, int], str]:
+    """`respond`, but the sandbox workers are SIGKILLed (once) as the agent emits its first call to one of `tools`:
+    that call then fails as the real pool reports a dead worker (WorkerLost or SessionLost)."""
+    killed = False
+
+    def wrapped(prompt: str, index: int) -> str:
+        nonlocal killed
+        text = respond(prompt, index)
+        if not killed and any(f'"name": "{tool}"' in text for tool in tools):
+            killed = bool(kill_sandbox_workers())
+            assert killed, "no sandbox worker to kill"
+        return text
+
+    return wrapped
+
+
+def with_pool(work: Callable[[Any], Awaitable[T]], size: int = 1) -> T:
+    """asyncio.run(work(pool)) with a fresh real pool on the process backend, shut down after."""
+
+    async def main() -> T:
+        async with process_pool(size) as pool:
+            return await work(pool)
+
+    return asyncio.run(main())
 
 
 def tiny_model_path() -> Path:

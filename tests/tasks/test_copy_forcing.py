@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
 from arenaforge.schemas.models import FunctionDoc, ToolObservation
 from arenaforge.tasks.train.copy_forcing import copy_forced_variants
 from arenaforge.tasks.train.warmstart import conversation
-from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 
 DISTRACTOR = FunctionDoc(name="get_mayor", description="Mayor of a city.",
                          parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
@@ -92,8 +91,8 @@ def test_a_variant_is_the_replay_of_the_renamed_environment_token_for_token():
     renamed = renamed.model_copy(update={"tools": sorted([*renamed.tools, DISTRACTOR], key=lambda t: order.index(t.name)),
                                          "distractors": ["get_mayor"]})
     ids, mask = encode(tok, variant, 4096)
-    episode = asyncio.run(run_episode(ScriptedEngine(tok, solving_policy(renamed)), tok, InProcessPool(), renamed,
-                                      RolloutConfig(max_turns=4)))
+    episode = with_pool(lambda pool: run_episode(ScriptedEngine(tok, solving_policy(renamed)), tok, pool, renamed,
+                                                 RolloutConfig(max_turns=4)))
     rollout = episode.rollout
     assert rollout.reward.f1 == 1.0
     sequence = rollout.prompt_ids + rollout.response_ids

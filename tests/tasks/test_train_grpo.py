@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import defaultdict
 from types import SimpleNamespace
@@ -196,7 +195,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     from arenaforge.tasks.policy.scripted import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
-    from tests.support.rl import InProcessPool, solving_policy, tiny_env
+    from tests.support.rl import solving_policy, tiny_env, with_pool
 
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]
 
@@ -211,7 +210,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     cfg = GrpoRunConfig(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
                         rollout=RolloutConfig(max_turns=4), grpo=GrpoConfig(lr=1e-3), in_flight_groups=1)
-    first = asyncio.run(train_grpo(cfg, tiny_model_path(), factory, InProcessPool(), envs, tmp_warehouse, "run_a"))
+    first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
     steps = tmp_warehouse.load(TrainStep)
     assert [s.step for s in steps] == [1, 2] and all(s.metrics["skipped"] == 0 for s in steps)
@@ -220,7 +219,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     assert tmp_warehouse.query("SELECT count(*) FROM rollouts")[1][0][0] >= 4
 
     resumed = GrpoRunConfig(**{**cfg.__dict__, "steps": 3})
-    second = asyncio.run(train_grpo(resumed, tiny_model_path(), factory, InProcessPool(), envs, tmp_warehouse, "run_b"))
+    second = with_pool(lambda pool: train_grpo(resumed, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_b"))
     assert (second.first_step, second.last_step) == (3, 3) and second.resumed_from.endswith("step-000002")
     assert [s.step for s in tmp_warehouse.load(TrainStep)] == [1, 2, 3]
 

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from arenaforge.schemas.models import GoldCall, ToolObservation
 from arenaforge.tasks.train.sft import encode, load_examples
 from arenaforge.tasks.train.warmstart import warmstart_examples, write_jsonl
-from tests.support.rl import InProcessPool, process_pool, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 
 
 def _replayed(envs):
     """Warm-start examples of `envs`, their gold calls run in the real sandbox (process backend)."""
 
-    async def main():
-        async with process_pool() as pool:
-            return await warmstart_examples(pool, envs)
-
-    return asyncio.run(main())
+    return with_pool(lambda pool: warmstart_examples(pool, envs))
 
 
 def test_conversation_replays_gold_calls_in_the_sandbox():
@@ -45,11 +40,11 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     env = tiny_env()
-    examples, _ = asyncio.run(warmstart_examples(InProcessPool(), [env]))
+    examples, _ = _replayed([env])
     path = write_jsonl(examples, tmp_path / "ws.jsonl")
     ids, mask = encode(tok, load_examples(path)[0], 4096)
-    episode = asyncio.run(run_episode(ScriptedEngine(tok, solving_policy(env)), tok, InProcessPool(), env,
-                                      RolloutConfig(max_turns=4)))
+    episode = with_pool(lambda pool: run_episode(ScriptedEngine(tok, solving_policy(env)), tok, pool, env,
+                                                 RolloutConfig(max_turns=4)))
     rollout = episode.rollout
     assert rollout.reward.f1 == 1.0
     sequence = rollout.prompt_ids + rollout.response_ids

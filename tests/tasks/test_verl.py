@@ -3,7 +3,6 @@ export run through stock verl 0.9.1's own dataset, agent-loop worker and loops (
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass
@@ -17,7 +16,15 @@ from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_na
 from arenaforge.tasks.verl.job import VerlJobSpec, write_job
 from arenaforge.tasks.verl.reward import compute_score
 from arenaforge.tasks.verl.tool import ArenaTool
-from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import (
+    call_text,
+    dying_before,
+    lose_sandbox_workers,
+    solving_policy,
+    tiny_env,
+    tiny_model_path,
+    with_pool,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +73,12 @@ def environments(tmp_path):
 def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy, environments):
     env = tiny_env()
     manager = ScriptedServerManager(tokenizer, solving_policy(env), legacy=legacy)
-    core = ArenaAgentCore(manager, tokenizer, InProcessPool(), RolloutConfig(max_turns=5), environments)
-    out = asyncio.run(core.run({"temperature": 0.7, "top_p": 0.9}, request_id="req-1", **_sample_kwargs(env)))
+
+    def run(pool):
+        core = ArenaAgentCore(manager, tokenizer, pool, RolloutConfig(max_turns=5), environments)
+        return core.run({"temperature": 0.7, "top_p": 0.9}, request_id="req-1", **_sample_kwargs(env))
+
+    out = with_pool(run)
     assert out["reward_score"] == 1.0 and out["extra_fields"]["calls"] == 2 and out["extra_fields"]["env_failure"] == 0
     assert len(out["response_ids"]) == len(out["response_mask"]) == len(out["response_logprobs"])
     assert 0 < sum(out["response_mask"]) < len(out["response_mask"])
@@ -81,9 +92,13 @@ def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy
 
 def test_agent_core_neutralises_environment_failures(tokenizer, environments):
     env = tiny_env()
-    core = ArenaAgentCore(ScriptedServerManager(tokenizer, solving_policy(env)), tokenizer,
-                          InProcessPool(fail_calls_to={"get_population"}), RolloutConfig(), environments)
-    out = asyncio.run(core.run({}, request_id="r", **_sample_kwargs(env)))
+    manager = ScriptedServerManager(tokenizer, dying_before(solving_policy(env), {"get_population"}))
+
+    def run(pool):
+        return ArenaAgentCore(manager, tokenizer, pool, RolloutConfig(), environments).run({}, request_id="r",
+                                                                                          **_sample_kwargs(env))
+
+    out = with_pool(run)
     assert out["extra_fields"]["env_failure"] == 1 and out["reward_score"] == 0.0
     assert sum(out["response_mask"]) == 0
 
@@ -116,35 +131,35 @@ def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
 
 def test_tool_lifecycle_and_reward():
     env = tiny_env()
-    pool = InProcessPool()
-    tool = ArenaTool(pool, name="get_capital")
 
-    async def main():
+    async def main(pool):
+        tool = ArenaTool(pool, name="get_capital")
         iid, _ = await tool.open(env)
         text, _, info = await tool.execute(iid, {"country": "Freedonia"})
         population, _, _ = await tool.execute(iid, {"city": text}, tool_name="get_population")
         reward = await tool.calc_reward(iid)
         breakdown = tool.breakdown(iid)
         await tool.release(iid)
-        return text, population, info, reward, breakdown
+        return text, population, info, reward, breakdown, pool.stats()
 
-    text, population, info, reward, breakdown = asyncio.run(main())
+    text, population, info, reward, breakdown, stats = with_pool(main)
     assert (text, population, info["outcome"], reward) == ("Quaxton", "81234", "ok", 1.0)
-    assert breakdown.calls == 2 and pool.closed == 1
+    assert breakdown.calls == 2 and stats["sessions"] == 0  # released: the session is closed
 
 
 def test_a_sandbox_failure_is_not_charged_to_the_agent():
     env = tiny_env()
-    tool = ArenaTool(InProcessPool(fail_calls_to={"get_population"}), name="get_capital")
 
-    async def main():
+    async def main(pool):
+        tool = ArenaTool(pool, name="get_capital")
         iid, _ = await tool.open(env)
         text, _, _ = await tool.execute(iid, {"country": "Freedonia"})
+        await lose_sandbox_workers(pool)  # the worker dies between the calls: its session's state is lost
         failed, _, info = await tool.execute(iid, {"city": text}, tool_name="get_population")
         return failed, info, await tool.calc_reward(iid), tool._instances[iid]
 
-    failed, info, reward, instance = asyncio.run(main())
-    assert info == {"outcome": "env_failure"} and "not your doing" in failed and "worker_lost" in failed
+    failed, info, reward, instance = with_pool(main)
+    assert info == {"outcome": "env_failure"} and "not your doing" in failed and "state_lost" in failed
     assert reward == 0.0 and instance.env_failure and instance.errors == 0, "the sandbox failed, not the agent"
 
 

@@ -14,7 +14,7 @@ from arenaforge.tasks.rollout.episodes import (
     run_episode,
     run_rollouts,
 )
-from tests.support.rl import InProcessPool, call_text, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import call_text, dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,15 @@ def test_parse_tool_calls_flags_malformed_calls():
 def test_solving_episode_keeps_engine_tokens_and_masks_observations(tokenizer):
     env = tiny_env()
     engine = ScriptedEngine(tokenizer, solving_policy(env), logprob=-0.5)
-    pool = InProcessPool()
-    episode = asyncio.run(run_episode(engine, tokenizer, pool, env, RolloutConfig()))
+
+    async def episode_and_stats(pool):
+        return await run_episode(engine, tokenizer, pool, env, RolloutConfig()), pool.stats()
+
+    episode, stats = with_pool(episode_and_stats)
     r = episode.rollout
     assert r.status == "finished" and episode.turns == 3
     assert (r.reward.recall, r.reward.precision, r.reward.f1, r.reward.calls) == (1.0, 1.0, 1.0, 2)
-    assert pool.opened == pool.closed == 1
+    assert stats["sessions"] == 0 and stats["templates"] == 1  # its one session was opened, then closed
     assert len(r.response_ids) == len(r.response_mask) == len(r.logprobs)
     # model tokens decode to exactly what the engine emitted; masked tokens are the observations
     model_text = tokenizer.decode([t for t, m in zip(r.response_ids, r.response_mask) if m], skip_special_tokens=False)
@@ -64,7 +67,7 @@ def test_malformed_and_failing_calls_count_against_precision(tokenizer):
     turns = ["<tool_call>{oops}</tool_call>", call_text("get_capital", country="Nowhere"),
              call_text("get_capital", country="Freedonia"), "done"]
     engine = ScriptedEngine(tokenizer, lambda _p, i: turns[i])
-    r = asyncio.run(run_episode(engine, tokenizer, InProcessPool(), env, RolloutConfig())).rollout
+    r = with_pool(lambda pool: run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout
     assert r.status == "finished"
     assert (r.format_errors, r.tool_errors, r.reward.calls, r.reward.solved) == (1, 1, 3, 1)
     assert r.reward.recall == 0.5 and r.reward.precision == pytest.approx(1 / 3)
@@ -73,25 +76,32 @@ def test_malformed_and_failing_calls_count_against_precision(tokenizer):
 def test_stops_at_max_turns_and_max_length(tokenizer):
     env = tiny_env()
     loop = ScriptedEngine(tokenizer, lambda _p, _i: call_text("get_capital", country="Freedonia"))
-    r = asyncio.run(run_episode(loop, tokenizer, InProcessPool(), env, RolloutConfig(max_turns=2))).rollout
+
+    async def both(pool):
+        return [(await run_episode(loop, tokenizer, pool, env, cfg)).rollout
+                for cfg in (RolloutConfig(max_turns=2), RolloutConfig(max_length=20))]
+
+    r, short = with_pool(both)
     assert r.status == "max_turns" and r.reward.calls == 2
-    r = asyncio.run(run_episode(loop, tokenizer, InProcessPool(), env, RolloutConfig(max_length=20))).rollout
-    assert r.status == "max_length" and len(r.response_ids) <= 20
+    assert short.status == "max_length" and len(short.response_ids) <= 20
 
 
 def test_sandbox_failure_is_env_failure_not_reward_zero(tokenizer):
     env = tiny_env()
-    engine = ScriptedEngine(tokenizer, solving_policy(env))
-    pool = InProcessPool(fail_calls_to={"get_population"})
-    r = asyncio.run(run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout
-    assert r.status == "env_failure" and "worker for get_population died" in r.failure_reason
-    assert pool.closed == 1
+    engine = ScriptedEngine(tokenizer, dying_before(solving_policy(env), {"get_population"}))
+
+    async def episode_and_stats(pool):
+        return (await run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout, pool.stats()
+
+    r, stats = with_pool(episode_and_stats)
+    assert r.status == "env_failure" and "sandbox worker" in r.failure_reason
+    assert stats["sessions"] == 0  # the session was closed all the same
 
 
 def test_rollouts_overlap_generation_with_tool_calls(tokenizer):
     envs = [tiny_env(country=f"C{i}") for i in range(4)]
     engine = ScriptedEngine(tokenizer, lambda p, i: "answer", seconds_per_token=0.0)
-    episodes = asyncio.run(run_rollouts(engine, tokenizer, InProcessPool(), envs, RolloutConfig(), samples=3))
+    episodes = with_pool(lambda pool: run_rollouts(engine, tokenizer, pool, envs, RolloutConfig(), samples=3), size=2)
     assert len(episodes) == 12
     assert [e.rollout.env_id for e in episodes[:3]] == [envs[0].id] * 3
     assert {e.rollout.sample for e in episodes} == {0, 1, 2}
@@ -129,12 +139,15 @@ def test_env_failures_become_tagged_rejections(tokenizer):
     from arenaforge.tasks.rollout.episodes import env_failure_rejections
 
     env = tiny_env()
-    engine = ScriptedEngine(tokenizer, solving_policy(env))
-    failed = asyncio.run(run_episode(engine, tokenizer, InProcessPool(fail_calls_to={"get_capital"}), env,
-                                     RolloutConfig())).rollout
-    ok = asyncio.run(run_episode(engine, tokenizer, InProcessPool(), env, RolloutConfig())).rollout
+    engine = ScriptedEngine(tokenizer, dying_before(solving_policy(env), {"get_capital"}))
+
+    async def failed_then_ok(pool):  # the pool replaces its dead worker: the second episode runs normally
+        return [(await run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout for _ in range(2)]
+
+    failed, ok = with_pool(failed_then_ok)
+    assert (failed.status, ok.status) == ("env_failure", "finished")
     [rejection] = env_failure_rejections([failed, ok])
-    assert rejection.environment_failure and rejection.subject == failed.id and "died" in rejection.detail
+    assert rejection.environment_failure and rejection.subject == failed.id and "sandbox worker" in rejection.detail
 
 
 def test_stream_groups_give_each_group_new_seeds(tokenizer):
@@ -148,14 +161,14 @@ def test_stream_groups_give_each_group_new_seeds(tokenizer):
 
     engine = ScriptedEngine(tokenizer, respond)
 
-    async def three_groups():
-        stream = stream_groups(engine, tokenizer, InProcessPool(), [tiny_env()], RolloutConfig(seed=7), 2,
+    async def three_groups(pool):
+        stream = stream_groups(engine, tokenizer, pool, [tiny_env()], RolloutConfig(seed=7), 2,
                                in_flight_groups=1)
         try:
             return [await anext(stream) for _ in range(3)]
         finally:
             await stream.aclose()
 
-    asyncio.run(three_groups())
+    with_pool(three_groups)
     assert sorted(seeds)[:6] == sorted(7 + k * GROUP_SEED_STRIDE + 1000 * i for k in range(3) for i in range(2))
     assert len(set(seeds)) == len(seeds)  # no group replays another's samples

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from arenaforge.schemas.kinds_training import EvalRun
 from arenaforge.tasks.policy.scripted import ScriptedEngine
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
-from tests.support.rl import InProcessPool, solving_policy, tiny_env, tiny_model_path
+from tests.support.rl import dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 
 def test_evaluate_scores_and_reports_failures(tmp_warehouse):
@@ -17,23 +15,17 @@ def test_evaluate_scores_and_reports_failures(tmp_warehouse):
     good, lazy, broken = tiny_env(), tiny_env(country="Sylvania", capital="Ostia"), tiny_env(country="Latveria")
     envs = [good, lazy, broken]
 
-    def respond(prompt, index):
+    policies = {good.id: solving_policy(good), broken.id: dying_before(solving_policy(broken), {"get_population"})}
+
+    def respond(prompt, index):  # the sandbox's worker is killed as Latveria's episode makes its second call
         env = next(e for e in envs if e.question in prompt)
-        return solving_policy(env)(prompt, index) if env is not lazy else "I do not know."
+        return policies[env.id](prompt, index) if env is not lazy else "I do not know."
 
-    pool = InProcessPool()
-    original_call = pool.call
-
-    async def call(session, tool, args):  # the sandbox dies on Latveria's second call
-        if args.get("city") == "Quaxton" and "Latveria" in str(session["DATA"]):
-            from arenaforge.schemas.errors import SandboxError
-            raise SandboxError("worker killed")
-        return await original_call(session, tool, args)
-
-    pool.call = call
-    summary, rollouts = asyncio.run(evaluate(ScriptedEngine(tok, respond), tok, pool, envs, EvalConfig(), "run_e"))
+    cfg = EvalConfig(concurrency=1)  # one episode at a time: the kill fails Latveria's episode only
+    summary, rollouts = with_pool(lambda pool: evaluate(ScriptedEngine(tok, respond), tok, pool, envs, cfg, "run_e"))
     assert summary.episodes == 2 and summary.f1 == 0.5 and summary.recall == 0.5 and summary.calls_per_task == 1.0
     assert summary.statuses == {"finished": 2, "env_failure": 1}
-    assert summary.failure_reasons == {"env_failure: call: worker killed": 1}
+    [reason] = summary.failure_reasons
+    assert reason.startswith("env_failure: call: sandbox failure (") and summary.failure_reasons[reason] == 1
     tmp_warehouse.upsert([summary, *rollouts])
     assert tmp_warehouse.load(EvalRun)[0].f1 == 0.5
