@@ -41,6 +41,29 @@ def _quantiles(values: list[float]) -> dict[str, float]:
             "p90_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 1), "n": len(ordered)}
 
 
+async def _time_sessions(pool: Any, env: Any, sessions: int, calls: int, tool: str, args: dict[str, Any],
+                         verdict: bool = False) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of each session's open + close, of each call, and (container tasks) of each run of the task's tests;
+    `pool` is the sandbox pool or the task containers, which share open/call/close."""
+    opens, call_times, verdicts = [], [], []
+    for _ in range(sessions):
+        started = time.perf_counter()
+        session = await pool.open(env)
+        opened = time.perf_counter() - started
+        for _ in range(calls):
+            started = time.perf_counter()
+            await pool.call(session, tool, args)
+            call_times.append(time.perf_counter() - started)
+        if verdict:
+            started = time.perf_counter()
+            await pool.verdict(session)
+            verdicts.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        await pool.close(session)
+        opens.append(opened + time.perf_counter() - started)
+    return opens, call_times, verdicts
+
+
 async def main(tasks: int = 3, sessions: int = 8, calls: int = 20, sandbox_backend: str = "auto") -> dict[str, Any]:
     """Import cost, container session open/close, run_shell and tests latency; sandbox open/call beside them."""
     import docker
@@ -63,38 +86,15 @@ async def main(tasks: int = 3, sessions: int = 8, calls: int = 20, sandbox_backe
         envs, rejections = await import_tasks(containers, root, "bench-harbor")
         import_s = time.perf_counter() - started
     env = envs[0]
-    opens, shell, verdicts = [], [], []
-    for _ in range(sessions):
-        started = time.perf_counter()
-        session = await containers.open(env)
-        opened = time.perf_counter() - started
-        for _ in range(calls // sessions or 1):
-            started = time.perf_counter()
-            await containers.call(session, "run_shell", {"command": "echo hi"})
-            shell.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        await containers.verdict(session)
-        verdicts.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        await containers.close(session)
-        opens.append(opened + time.perf_counter() - started)
+    opens, shell, verdicts = await _time_sessions(containers, env, sessions, calls // sessions or 1,
+                                                  "run_shell", {"command": "echo hi"}, verdict=True)
     await containers.shutdown()
 
     small = large_module_environment(2_000)  # a small stateful class, for scale
-    sandbox_opens, sandbox_calls = [], []
     async with await create_pool(cfg) as pool:
         await pool.close(await pool.open(small))  # warm: the template is loaded once
-        for _ in range(sessions):
-            started = time.perf_counter()
-            session = await pool.open(small)
-            opened = time.perf_counter() - started
-            for _ in range(calls // sessions or 1):
-                started = time.perf_counter()
-                await pool.call(session, "read_counter", {"name": "a"})
-                sandbox_calls.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            await pool.close(session)
-            sandbox_opens.append(opened + time.perf_counter() - started)
+        sandbox_opens, sandbox_calls, _ = await _time_sessions(pool, small, sessions, calls // sessions or 1,
+                                                               "read_counter", {"name": "a"})
         backend = pool.backend
     return {
         "tasks": tasks, "imported": len(envs), "rejected": len(rejections),
