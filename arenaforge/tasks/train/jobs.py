@@ -75,11 +75,15 @@ class EpisodeParams(BaseModel):
     constrain_tool_calls: bool = Field(default=True, description="hf engine: decode tool calls constrained to the "
                                        "environment's tool names and argument keys, well-formed JSON (the "
                                        "log-probs are the constrained distribution's).")
+    ground_arguments: bool = Field(default=True, description="With constrained decoding: a call's top-level "
+                                   "argument values are copied from the conversation (word-bounded spans, "
+                                   "numbers that appear in it; free when it has none).")
 
     def rollout_config(self, seed: int | None = None) -> RolloutConfig:
         return RolloutConfig(max_turns=self.max_turns, max_length=self.max_length,
                              max_tokens_per_turn=self.max_tokens_per_turn, temperature=self.temperature,
-                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls)
+                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls,
+                             ground_arguments=self.ground_arguments)
 
 
 # The episode limits training uses; evaluation of a trained policy uses the same limits, greedy.
