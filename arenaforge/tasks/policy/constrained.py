@@ -333,10 +333,11 @@ class ToolCallConstraint:
         else:
             allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
             for first, ids in self.by_first.items():
-                if step(state, first) is None:
+                after_first = step(state, first)  # shared by every token starting with this character
+                if after_first is None:
                     continue
                 for i in ids:
-                    if self.advance(state, i, tools) is not None:
+                    if _walk(after_first, self.texts[i], 1) is not None:
                         allowed[i] = True
         if not allowed.any():  # never a dead end: a state with no way on lets the model write freely
             allowed = self.free
@@ -344,6 +345,15 @@ class ToolCallConstraint:
             self._cache.clear()
         self._cache[state] = allowed
         return allowed
+
+
+def _walk(state: tuple | None, text: str, start: int = 0) -> tuple | None:
+    """The state after `text[start:]`, or None where it falls off the automaton."""
+    for ch in text[start:]:
+        state = step(state, ch)  # type: ignore[arg-type]
+        if state is None:
+            return None
+    return state
 
 
 def tool_specs(tools: Sequence[Any]) -> Tools:
