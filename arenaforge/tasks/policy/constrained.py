@@ -6,23 +6,23 @@ text a prefix of
     \\n{"name": "<a tool of this environment>", "arguments": {"<one of its keys>": <JSON value>, ...}}\\n</tool_call>
 
 keys from that tool's schema, each at most once, the required ones before the object closes; values
-are any well-formed JSON (strings, numbers, true/false/null, arrays, objects).
-
-Grounded arguments (a `Ground` of the request's context, the default): a top-level string value must
-equal a span of the context that does not cut a word (`OR5031`, `Wireless Mouse`, `2024-05-01`) and a
-top-level number must equal a number written in the context; true/false/null and nested arrays/objects
-stay free. Schema enum values are in the tools block of the prompt, so they are spans too. A string
-state holds the context positions still matching (advanced per character), so the closing quote is
-allowed exactly when one of them sits at a word end. A context with no string (or number) candidate
-leaves that kind of value free, so grounding never dead-ends. The constraint is a
+are any well-formed JSON (strings, numbers, true/false/null, arrays, objects). The constraint is a
 character automaton (`step`); a token is allowed in a state when its decoded text walks the
 automaton without falling off, so it stays token-exact: the model still picks whole tokens of its own
 vocabulary, including ones that straddle a boundary (`": "`).
 
+Grounded arguments (a `Ground` of the request's context, the default): a top-level string value must
+equal a span of the context that does not cut a word (`OR5031`, `Wireless Mouse`, `2024-05-01`) and a
+top-level number must equal a number standing alone in the context; true/false/null and nested
+arrays/objects stay free. Schema enum values are in the tools block of the prompt, so they are spans
+too. A string state holds the context positions still matching (advanced per character), so the
+closing quote is allowed exactly when one of them sits at a word end. A context with no string (or
+number) candidate leaves that kind of value free, so grounding never dead-ends.
+
 Log-probs: the engine samples from softmax(logits masked to the allowed tokens) and records the
 log-prob of that masked distribution, the distribution actually sampled from. The automaton is a
-deterministic function of (tools, tokens so far), so a trainer that wants the exact ratio against
-the engine can replay it; the default GRPO update (`old_logprobs="policy"`) uses the policy's own
+deterministic function of (tools, prompt, tokens so far), so a trainer that wants the exact ratio
+against the engine can replay it; the default GRPO update (`old_logprobs="policy"`) uses the policy's own
 log-probs and does not read the recorded ones.
 
 A vLLM server would do the same with guided decoding / structured outputs (a JSON schema per tool
