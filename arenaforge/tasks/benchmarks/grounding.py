@@ -44,17 +44,18 @@ async def _arm(cfg: Any, wh: Warehouse, model_path: str, envs: list[Environment]
 
     episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0, "ground_arguments": ground})
     started = time.perf_counter()
+    rollouts: list[Rollout] = []
     row = await evaluate_policy(cfg, wh, PolicyParams(model_path=model_path), model_path, envs, episode,
-                                label=f"grounding bench, ground_arguments={ground}")
+                                label=f"grounding bench, ground_arguments={ground}", rollouts_out=rollouts)
     seconds = time.perf_counter() - started
-    rollouts = wh.load(Rollout, where="run_id = ?", params=[row["run_id"]])
     tokens = sum(sum(r.response_mask) for r in rollouts)
     return {"f1": round(row["f1"], 4), "recall": round(row["recall"], 4), "precision": round(row["precision"], 4),
             "calls_per_episode": round(row["calls_per_task"], 3),
             "format_errors_per_episode": round(row["format_errors_per_task"], 3), "episodes": row["episodes"],
             **_call_diagnostics(rollouts, {e.id: e for e in envs}), "model_tokens": tokens,
             "seconds": round(seconds, 1), "model_tokens_per_s": round(tokens / seconds, 1) if seconds else None,
-            "eval_run_id": row["run_id"], "statuses": row["statuses"]}
+            "eval_run_id": row["run_id"], "statuses": row["statuses"],
+            "episode_f1": {r.env_id: r.reward.f1 for r in rollouts if r.status != "env_failure"}}
 
 
 async def _bfcl(model_path: str, limit: int) -> dict[str, Any]:
@@ -84,6 +85,7 @@ async def main(db: str = "", model_path: str = "", env_limit: int = 60, split: s
     """Free vs grounded argument values on one checkpoint: F1, call diagnostics, tokens/s (and BFCL)."""
     from arenaforge.schemas.config import load_config
     from arenaforge.schemas.errors import InputError
+    from arenaforge.tasks.benchmarks.learning import bootstrap_ci
     from arenaforge.tasks.train.jobs import EnvSelection, model_path_for, select_envs
 
     if not db:
@@ -95,6 +97,13 @@ async def main(db: str = "", model_path: str = "", env_limit: int = 60, split: s
     path = model_path_for(model_path or None)
     await _arm(cfg, wh, path, envs[:2], True)  # warm-up (imports, first sandbox start), so neither arm pays it
     arms = {label: await _arm(cfg, wh, path, envs, ground) for label, ground in (("free", False), ("grounded", True))}
+    f1 = {label: arm.pop("episode_f1") for label, arm in arms.items()}
+    for label, arm in arms.items():
+        arm["f1_ci95"] = bootstrap_ci(list(f1[label].values()))
+    common = sorted(set(f1["free"]) & set(f1["grounded"]))
+    diffs = [f1["grounded"][e] - f1["free"][e] for e in common]
+    paired = {"grounded_minus_free": round(sum(diffs) / len(diffs), 4) if diffs else 0.0,
+              "ci95_paired": bootstrap_ci(diffs), "environments": len(common)}
     bfcl = await _bfcl(path, bfcl_limit) if bfcl_limit else {"skipped": "bfcl_limit 0"}
-    return {"model_path": path, "environments": len(envs), "split": split, **arms, "bfcl": bfcl,
+    return {"model_path": path, "environments": len(envs), "split": split, **arms, "paired": paired, "bfcl": bfcl,
             "load_average_end": [round(x, 2) for x in os.getloadavg()]}
