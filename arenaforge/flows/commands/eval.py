@@ -48,6 +48,8 @@ def run_cmd(
                                                     "metric beside our F1."),
     constrain_tool_calls: bool = typer.Option(True, help="hf engine: tool calls decoded to the environment's "
                                               "tool names and argument keys."),
+    ground_arguments: bool = typer.Option(True, help="hf engine: a tool call's argument values are copied from "
+                                          "the conversation (spans, numbers); --no-ground-arguments: any JSON."),
 ) -> None:
     """Mean F1, recall, precision, calls per task and failure reasons (and an imported suite's native metric);
     stored as an eval_runs row."""
@@ -60,6 +62,7 @@ def run_cmd(
         policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
         envs=EnvSelection(limit=env_limit, split=split or ("all" if suite else "test"), suite=suite),
         episode=EpisodeParams(max_turns=max_turns, constrain_tool_calls=constrain_tool_calls,
+                              ground_arguments=ground_arguments,
                               max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
                               temperature=temperature),
     )

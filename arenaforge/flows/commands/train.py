@@ -82,6 +82,8 @@ def grpo_cmd(
     ray_address: str = typer.Option(None, help="Submit to verl on this Ray cluster instead of training here."),
     verl_spec_only: bool = typer.Option(False, help="Write the verl job files and stop."),
     seed: int = typer.Option(0, help="Seed of sampling, curriculum and data order."),
+    ground_arguments: bool = typer.Option(True, help="hf engine: a tool call's argument values are copied from "
+                                          "the conversation (spans, numbers); --no-ground-arguments: any JSON."),
 ) -> None:
     """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
@@ -98,7 +100,7 @@ def grpo_cmd(
         evaluate=evaluate, eval_limit=eval_limit,
         envs=EnvSelection(limit=env_limit, split=split, test_share=test_share),
         episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
-                              temperature=temperature),
+                              temperature=temperature, ground_arguments=ground_arguments),
         verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
     )
     result = run_flow(train_grpo(params))

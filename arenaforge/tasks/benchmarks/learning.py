@@ -69,7 +69,7 @@ async def _synthesize(cfg: Any, wh: Warehouse, n: int, seed: int) -> dict[str, A
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-async def _bfcl(paths: dict[str, str], limit: int) -> dict[str, Any]:
+async def _bfcl(paths: dict[str, str], limit: int, ground: bool = True) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from arenaforge.tasks.policy.hf import HfEngine
@@ -84,7 +84,7 @@ async def _bfcl(paths: dict[str, str], limit: int) -> dict[str, Any]:
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(path)
         engine = HfEngine(AutoModelForCausalLM.from_pretrained(path), tokenizer, policy=path)
-        out[label] = {**await evaluate_bfcl(engine, tokenizer, items),
+        out[label] = {**await evaluate_bfcl(engine, tokenizer, items, ground=ground),
                       "seconds": round(time.perf_counter() - started, 1)}
     return out
 
@@ -118,9 +118,10 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
          group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
          test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
          sandbox: str = "process", seed: int = 0, suite: str = "", suite_db: str = "",
-         suite_limit: int = 50) -> dict[str, Any]:
+         suite_limit: int = 50, ground_arguments: bool = True) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL, and
-    with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1)."""
+    with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1).
+    `--no-ground-arguments`: tool-call argument values decoded free instead of copied from the conversation."""
     import logging
     import sys
 
@@ -146,7 +147,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
                         warmstart_batch_size=warmstart_batch_size, warmstart_copy_variants=warmstart_copy_variants,
                         eval_limit=eval_limit, seed=seed,
                         envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
-    params = params.model_copy(update={"episode": params.episode.model_copy(update={"temperature": temperature})})
+    params = params.model_copy(update={"episode": params.episode.model_copy(
+        update={"temperature": temperature, "ground_arguments": ground_arguments})})
     import os
 
     os.environ["ARENAFORGE_SANDBOX__BACKEND"] = sandbox  # the job reads config itself
@@ -195,7 +197,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
             "grpo_s": round(sum(m.get("rollout_s", 0.0) + m.get("train_s", 0.0) for m in grpo_metrics), 1)}
     paths = {label: row["policy"] for label, row in evals.items()}
     bfcl_started = time.perf_counter()
-    bfcl = await _bfcl(paths, bfcl_limit) if bfcl_limit else {"skipped": "bfcl_limit 0"}
+    bfcl = await _bfcl(paths, bfcl_limit, ground_arguments) if bfcl_limit else {"skipped": "bfcl_limit 0"}
     wall["bfcl_s"] = round(time.perf_counter() - bfcl_started, 1)
     imported = await evaluate_suite(cfg, wh, paths, suite, suite_db, suite_limit) if suite else {"skipped": "no --suite"}
     wall["total_s"] = round(time.perf_counter() - started, 1)
@@ -209,7 +211,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
                    "warmstart_batch_size": warmstart_batch_size, "warmstart_copy_variants": warmstart_copy_variants,
                    "eval_limit": eval_limit,
                    "grpo_steps": grpo_steps, "grpo_lr": grpo_lr, "group_size": group_size, "batch_groups": batch_groups,
-                   "temperature": temperature, "test_share": test_share, "seed": seed},
+                   "temperature": temperature, "test_share": test_share, "seed": seed,
+                   "ground_arguments": ground_arguments},
         "data": data, "stages": stages, "grpo_vs_warmstart": delta,
         "grpo": {"steps": len(grpo_metrics), "skipped_steps": int(sum(m.get("skipped", 0) for m in grpo_metrics)),
                  "zero_variance_share_mean": round(statistics.fmean(m["zero_variance_share"] for m in grpo_metrics), 4)

@@ -21,6 +21,9 @@ class SamplingParams:
     # Tool calls may only name these tools and their argument keys (hf engine: constrained decoding,
     # see policy/constrained.py); None leaves the model free.
     tools: tuple[Any, ...] | None = None
+    # With `tools`: top-level argument values of a call are copied from the prompt's text (spans, numbers;
+    # grounded decoding, policy/constrained.py `Ground`); False leaves them any JSON.
+    ground_arguments: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ answer stops at its own stop token or token limit.
 
 Constrained decoding (`constrain=True`, the default): a request whose params name `tools` samples
 its tool calls from the logits masked to what keeps the call well-formed with a real tool name and
-schema keys (policy/constrained.py), and its log-probs are those of that masked distribution.
+schema keys (policy/constrained.py), and its log-probs are those of that masked distribution. With
+`params.ground_arguments` (the default) the call's top-level argument values are also copied from the
+request's context: the prompt ids are decoded once per request into a `Ground`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.tasks.policy.base import Generation, SamplingParams
-from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint
+from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint, ground_of
 
 
 @dataclass
@@ -122,6 +124,8 @@ class HfEngine:
         finish: list[str | None] = [None] * rows
         constrained = [self.constrain and p.tools is not None for p in params]
         states: list[Any] = [FREE] * rows
+        grounds = [ground_of(self.tokenizer, prompt) if c and p.ground_arguments else None
+                   for prompt, p, c in zip(prompts, params, constrained, strict=True)]
         with self.lock, torch.no_grad():
             was_training = self.model.training
             self.model.eval()
@@ -145,7 +149,7 @@ class HfEngine:
                         token = _sample(logits[i], params[i], generators[i])
                         if constrained[i]:
                             # None only past a dead end the mask let through freely: write freely from there
-                            states[i] = constraint.advance(states[i], token, params[i].tools) or FREE
+                            states[i] = constraint.advance(states[i], token, params[i].tools, grounds[i]) or FREE
                         tokens[i].append(token)
                         logprobs[i].append(float(raw[i, token]))
                         step[i, 0] = token

@@ -172,7 +172,8 @@ def prompt_ids(tokenizer: Any, item: BfclItem) -> list[int]:
 
 
 async def evaluate_bfcl(engine: PolicyEngine, tokenizer: Any, items: Sequence[BfclItem], *, max_tokens: int = 128,
-                        max_prompt_tokens: int = 2048, constrain: bool = True) -> dict[str, Any]:
+                        max_prompt_tokens: int = 2048, constrain: bool = True,
+                        ground: bool = True) -> dict[str, Any]:
     """Accuracy per category (and their mean) of `engine` answering each item once, greedily."""
 
     async def one(item: BfclItem) -> bool | None:
@@ -180,7 +181,8 @@ async def evaluate_bfcl(engine: PolicyEngine, tokenizer: Any, items: Sequence[Bf
         if len(ids) > max_prompt_tokens:
             return None  # too long for this policy's context: counted apart, not as wrong
         tools = tool_specs(item.functions) if constrain else None  # calls decoded to this item's functions
-        gen = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0, tools=tools))
+        gen = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0, tools=tools,
+                                                          ground_arguments=ground))
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=False).removesuffix(IM_END)
         return calls_match(parse_tool_calls(text, [f.name for f in item.functions]), item.ground_truth, item.functions)
 

@@ -70,6 +70,7 @@ class RolloutConfig:
     system_prompt: str | None = DEFAULT_SYSTEM
     seed: int | None = None
     constrain_tool_calls: bool = True  # engines that support it decode calls to this env's tools/keys only
+    ground_arguments: bool = True  # ... and copy top-level argument values from the conversation
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                 params = SamplingParams(
                     max_tokens=min(cfg.max_tokens_per_turn, budget), temperature=cfg.temperature, top_p=cfg.top_p,
                     stop_token_ids=(stop_id,), seed=None if cfg.seed is None else cfg.seed + 1000 * sample + turns,
-                    tools=specs,
+                    tools=specs, ground_arguments=cfg.ground_arguments,
                 )
                 started = time.perf_counter()
                 gen = await engine.generate(prompt_ids + response_ids, params)

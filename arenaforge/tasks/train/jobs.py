@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.schemas.errors import ConfigError, InputError
-from arenaforge.schemas.models import Environment
+from arenaforge.schemas.models import Environment, Rollout
 from arenaforge.tasks.policy.base import PolicyEngine, build_engine
 from arenaforge.tasks.rollout.episodes import RolloutConfig, SandboxPool, env_failure_rejections
 from arenaforge.warehouse import Warehouse, recorded_run
@@ -75,11 +75,15 @@ class EpisodeParams(BaseModel):
     constrain_tool_calls: bool = Field(default=True, description="hf engine: decode tool calls constrained to the "
                                        "environment's tool names and argument keys, well-formed JSON (the "
                                        "log-probs are the constrained distribution's).")
+    ground_arguments: bool = Field(default=True, description="With constrained decoding: a call's top-level "
+                                   "argument values are copied from the conversation (word-bounded spans, "
+                                   "numbers that appear in it; free when it has none).")
 
     def rollout_config(self, seed: int | None = None) -> RolloutConfig:
         return RolloutConfig(max_turns=self.max_turns, max_length=self.max_length,
                              max_tokens_per_turn=self.max_tokens_per_turn, temperature=self.temperature,
-                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls)
+                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls,
+                             ground_arguments=self.ground_arguments)
 
 
 # The episode limits training uses; evaluation of a trained policy uses the same limits, greedy.
@@ -305,8 +309,9 @@ EVAL_COLUMNS = ("f1", "recall", "precision", "calls_per_task", "format_errors_pe
 async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path: str, envs: Sequence[Environment],
                     episode: EpisodeParams, *, samples: int = 1, seed: int = 0, concurrency: int = 32,
                     label: str | None = None, flow_params: dict[str, Any] | None = None,
-                    suite: str | None = None) -> dict[str, Any]:
-    """Roll out the policy at `path` on `envs` (an `eval` run); the EvalRun's numbers and ids."""
+                    suite: str | None = None, rollouts_out: list[Rollout] | None = None) -> dict[str, Any]:
+    """Roll out the policy at `path` on `envs` (an `eval` run); the EvalRun's numbers and ids. `rollouts_out`
+    receives this run's rollouts (the warehouse keeps an identical rollout once, under the run that first made it)."""
     from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 
     tokenizer = _load_tokenizer(path)
@@ -321,6 +326,8 @@ async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path
         eval_cfg = EvalConfig(samples=samples, concurrency=concurrency, rollout=episode.rollout_config(seed))
         summary, rollouts = await _with_pool(cfg, lambda pool: evaluate(engine, tokenizer, pool, envs, eval_cfg,
                                                                          run.id, label, suite))
+        if rollouts_out is not None:
+            rollouts_out.extend(rollouts)
         rejections = env_failure_rejections(rollouts, "eval")
         counts["rollouts"] = wh.upsert([summary, *rollouts, *rejections]) - 1 - len(rejections)
         counts["episodes"] = summary.episodes
