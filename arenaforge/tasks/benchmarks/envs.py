@@ -73,9 +73,9 @@ def answer(req):
 """
 
 
-async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
+async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any], batch_size: int) -> None:
     from arenaforge.tasks.embeddings import embed
-    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
 
     embed(["warm up"])  # the embedding model's one-off load is not the first pipeline's distractor stage
@@ -93,26 +93,33 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         # the scripted endpoint's tool code is ours (envs_responder.py), so the process backend may run it
         cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox, process_allows_model_code=True))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
-        spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
+        spec = EnvsSpec(sources=["sample"], n=n, batch_size=batch_size)
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
         reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
         timings: dict[str, float] = {}
+        children0 = _children_cpu()
         async with open_run_scope(cfg, wh, "bench") as run:
             # the limiter is bound to this loop here; the sampler thread only reads its count
             sampler = threading.Thread(target=sample, args=(run.model.limiter,), daemon=True)
             sampler.start()
             try:
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
                 ids, qa_counts = await synthesize_qas(run, spec)
                 t1 = time.perf_counter()
-                counts = await build_environments(run, spec, ids, timings=timings)
-                t2 = time.perf_counter()
+                counts: dict[str, int] = {}
+                for chunk in chunks(ids, spec.batch_size):  # as `run_envs` does: the end stages per chunk
+                    for key, value in (await build_environments(run, spec, chunk, timings=timings)).items():
+                        counts[key] = counts.get(key, 0) + value
+                t2, batch_cpu = time.perf_counter(), time.process_time() - cpu0
             finally:
                 stop.set()
                 sampler.join(timeout=5)
+        batch_sandbox_cpu = _children_cpu() - children0  # the pool's workers, reaped when the scope closed
         stream_window, stream = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb")
     # the endpoint's log arrives when it stops, so every share is read here
     stream_tools_end = stream_window[0] + stream.get("tools_verified_s", 0)
+    batch_last = endpoint.request_window(t0, t2)[1]
+    stream_last = endpoint.request_window(*stream_window)[1]
     stream = {"busy_share_whole_run": endpoint.busy_share(limit, *stream_window),
               "busy_share_until_tools_verified": endpoint.busy_share(limit, stream_window[0], stream_tools_end),
               "requests":
@@ -147,6 +154,14 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "until_tools_verified_busy_share": {"batch": endpoint.busy_share(limit, t0, tools_end),
                                             "stream": stream["busy_share_until_tools_verified"]},
         "until_tools_verified_s": {"batch": round(tools_end - t0, 2), "stream": stream["tools_verified_s"]},
+        # the timeline: when the last answer came back, and the run's tail after it (no request in flight)
+        "last_answer_s": {"batch": round(batch_last - t0, 2), "stream": round(stream_last - stream_window[0], 2)},
+        "tail_after_last_answer_s": {"batch": round(t2 - batch_last, 2), "stream": round(stream_window[1] - stream_last, 2)},
+        # the client process's CPU seconds (its threads; not the endpoint's or the sandbox workers' processes)
+        "client_cpu_s": {"batch": round(batch_cpu, 2), "stream": stream.pop("cpu_s")},
+        # the sandbox workers' CPU seconds (the process backend's worker processes, reaped when the run closes)
+        "sandbox_cpu_s": {"batch": round(batch_sandbox_cpu, 2), "stream": stream.pop("sandbox_cpu_s")},
+        "batch_size": batch_size,
         "stream": stream,
     }
 
@@ -158,22 +173,34 @@ async def _stream_run(cfg: Config, spec: Any, db: Path) -> tuple[tuple[float, fl
     from arenaforge.tasks.run_scope import open_run_scope
 
     timings: dict[str, float] = {}
+    children0 = _children_cpu()
     async with open_run_scope(cfg, Warehouse(db), "bench") as run:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
-        t1 = time.perf_counter()
-    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}}
+        t1, cpu = time.perf_counter(), time.process_time() - cpu0
+    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}, "cpu_s": round(cpu, 2),
+                      "sandbox_cpu_s": round(_children_cpu() - children0, 2)}
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's reaped child processes."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
-         layout: str = "lake") -> dict:
+         layout: str = "lake", batch_size: int = 100_000) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
 
-    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake)."""
+    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
+    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
+    the default is one for the whole run."""
     out: dict[str, Any] = {}
     if not skip_offline:
         await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
     if not skip_openai:
-        await _openai(openai_n, limit, latency_s, sandbox, out)
+        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size)
     return out
