@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -97,25 +98,24 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
         reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
         timings: dict[str, float] = {}
-        children0 = _children_cpu()
         async with open_run_scope(cfg, wh, "bench") as run:
             # the limiter is bound to this loop here; the sampler thread only reads its count
             sampler = threading.Thread(target=sample, args=(run.model.limiter,), daemon=True)
             sampler.start()
             try:
-                t0, cpu0 = time.perf_counter(), time.process_time()
-                ids, qa_counts = await synthesize_qas(run, spec)
-                t1 = time.perf_counter()
-                counts: dict[str, int] = {}
-                for chunk in chunks(ids, spec.batch_size):  # as `run_envs` does: the end stages per chunk
-                    for key, value in (await build_environments(run, spec, chunk, timings=timings)).items():
-                        counts[key] = counts.get(key, 0) + value
-                t2, batch_cpu = time.perf_counter(), time.process_time() - cpu0
+                with _CpuLog(endpoint.pid) as batch_cpu:
+                    t0 = time.perf_counter()
+                    ids, qa_counts = await synthesize_qas(run, spec)
+                    t1 = time.perf_counter()
+                    counts: dict[str, int] = {}
+                    for chunk in chunks(ids, spec.batch_size):  # as `run_envs` does: the end stages per chunk
+                        for key, value in (await build_environments(run, spec, chunk, timings=timings)).items():
+                            counts[key] = counts.get(key, 0) + value
+                    t2 = time.perf_counter()
             finally:
                 stop.set()
                 sampler.join(timeout=5)
-        batch_sandbox_cpu = _children_cpu() - children0  # the pool's workers, reaped when the scope closed
-        stream_window, stream = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb")
+        stream_window, stream, stream_cpu = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb", endpoint.pid)
     # the endpoint's log arrives when it stops, so every share is read here
     stream_tools_end = stream_window[0] + stream.get("tools_verified_s", 0)
     batch_last = endpoint.request_window(t0, t2)[1]
@@ -158,49 +158,91 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "last_answer_s": {"batch": round(batch_last - t0, 2), "stream": round(stream_last - stream_window[0], 2)},
         "tail_after_last_answer_s": {"batch": round(t2 - batch_last, 2), "stream": round(stream_window[1] - stream_last, 2)},
         # the client process's CPU seconds (its threads; not the endpoint's or the sandbox workers' processes)
-        "client_cpu_s": {"batch": round(batch_cpu, 2), "stream": stream.pop("cpu_s")},
-        # the sandbox workers' CPU seconds (the process backend's worker processes, reaped when the run closes)
-        "sandbox_cpu_s": {"batch": round(batch_sandbox_cpu, 2), "stream": stream.pop("sandbox_cpu_s")},
+        # CPU seconds over the whole run and over its tail (after the last answer), of the client process (its
+        # threads) and of the sandbox (the process backend's workers and their session processes); the endpoint's
+        # process is not counted
+        "client_cpu_s": {"batch": batch_cpu.spent(t0)[0], "stream": stream_cpu.spent(stream_window[0])[0]},
+        "sandbox_cpu_s": {"batch": batch_cpu.spent(t0)[1], "stream": stream_cpu.spent(stream_window[0])[1]},
+        "tail_client_cpu_s": {"batch": batch_cpu.spent(batch_last)[0], "stream": stream_cpu.spent(stream_last)[0]},
+        "tail_sandbox_cpu_s": {"batch": batch_cpu.spent(batch_last)[1], "stream": stream_cpu.spent(stream_last)[1]},
         "batch_size": batch_size,
         "stream": stream,
     }
 
 
-async def _stream_run(cfg: Config, spec: Any, db: Path) -> tuple[tuple[float, float], dict[str, Any]]:
+async def _stream_run(cfg: Config, spec: Any, db: Path, endpoint_pid: int
+                      ) -> tuple[tuple[float, float], dict[str, Any], _CpuLog]:
     """The same inputs through the streaming pipeline (tasks/envs/stream.py) into a fresh warehouse: its
     window (perf_counter) and counts."""
     from arenaforge.tasks.envs.stream import stream_envs
     from arenaforge.tasks.run_scope import open_run_scope
 
     timings: dict[str, float] = {}
-    children0 = _children_cpu()
     async with open_run_scope(cfg, Warehouse(db), "bench") as run:
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
-        t1, cpu = time.perf_counter(), time.process_time() - cpu0
-    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}, "cpu_s": round(cpu, 2),
-                      "sandbox_cpu_s": round(_children_cpu() - children0, 2)}
+        with _CpuLog(endpoint_pid) as cpu:
+            t0 = time.perf_counter()
+            counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
+            t1 = time.perf_counter()
+    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}}, cpu
 
 
-def _children_cpu() -> float:
-    """User + system CPU seconds of this process's reaped child processes."""
-    import resource
+class _CpuLog:
+    """`with _CpuLog(endpoint_pid) as log:` samples (time, client CPU s, sandbox CPU s) every `every_s` from a
+    thread; `log.spent(t)`: the CPU seconds from `t` (the last sample at or before it) to the end."""
 
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    def __init__(self, skip: int, every_s: float = 0.25) -> None:
+        self.skip, self.every_s = skip, every_s
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        self.samples.append((time.perf_counter(), time.process_time(), _children_cpu(self.skip)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> _CpuLog:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+
+    def spent(self, since: float) -> tuple[float, float]:
+        start = max((s for s in self.samples if s[0] <= since), default=self.samples[0])
+        end = self.samples[-1]
+        return round(end[1] - start[1], 2), round(end[2] - start[2], 2)
 
 
-async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
-         latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
-         layout: str = "lake", batch_size: int = 100_000) -> dict:
-    """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
+def _children_cpu(skip: int | None = None) -> float:
+    """CPU seconds of this process's descendants (their own and their reaped children's: the sandbox workers
+    and the session processes they forked), but not the subtree of `skip` (the endpoint's process)."""
+    clk = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
 
-    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
-    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
-    the default is one for the whole run."""
-    out: dict[str, Any] = {}
-    if not skip_offline:
-        await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
-    if not skip_openai:
-        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size)
-    return out
+    def below_us(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == skip:
+                return False
+            if pid == os.getpid():
+                return True
+        return False
+
+    return sum(t for pid, t in ticks.items() if pid != skip and below_us(pid)) / clk
