@@ -246,3 +246,19 @@ def _children_cpu(skip: int | None = None) -> float:
         return False
 
     return sum(t for pid, t in ticks.items() if pid != skip and below_us(pid)) / clk
+
+
+async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
+         latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
+         layout: str = "lake", batch_size: int = 100_000) -> dict:
+    """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
+
+    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
+    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
+    the default is one for the whole run."""
+    out: dict[str, Any] = {}
+    if not skip_offline:
+        await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
+    if not skip_openai:
+        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size)
+    return out
