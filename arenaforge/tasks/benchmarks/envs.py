@@ -165,6 +165,7 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "sandbox_cpu_s": {"batch": batch_cpu.spent(t0)[1], "stream": stream_cpu.spent(stream_window[0])[1]},
         "tail_client_cpu_s": {"batch": batch_cpu.spent(batch_last)[0], "stream": stream_cpu.spent(stream_last)[0]},
         "tail_sandbox_cpu_s": {"batch": batch_cpu.spent(batch_last)[1], "stream": stream_cpu.spent(stream_last)[1]},
+        "endpoint_cpu_s": {"batch": batch_cpu.spent(t0)[2], "stream": stream_cpu.spent(stream_window[0])[2]},
         "batch_size": batch_size,
         "stream": stream,
     }
@@ -187,17 +188,17 @@ async def _stream_run(cfg: Config, spec: Any, db: Path, endpoint_pid: int
 
 
 class _CpuLog:
-    """`with _CpuLog(endpoint_pid) as log:` samples (time, client CPU s, sandbox CPU s) every `every_s` from a
-    thread; `log.spent(t)`: the CPU seconds from `t` (the last sample at or before it) to the end."""
+    """`with _CpuLog(endpoint_pid) as log:` samples (time, client, sandbox and endpoint CPU s) every `every_s`
+    from a thread; `log.spent(t)`: the CPU seconds from `t` (the last sample at or before it) to the end."""
 
     def __init__(self, skip: int, every_s: float = 0.25) -> None:
         self.skip, self.every_s = skip, every_s
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        self.samples.append((time.perf_counter(), time.process_time(), _children_cpu(self.skip)))
+        self.samples.append((time.perf_counter(), time.process_time(), *_children_cpu(self.skip)))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -213,15 +214,16 @@ class _CpuLog:
         self._thread.join(timeout=5)
         self._sample()
 
-    def spent(self, since: float) -> tuple[float, float]:
+    def spent(self, since: float) -> tuple[float, float, float]:
+        """CPU seconds of the client, the sandbox and the endpoint from `since` to the end."""
         start = max((s for s in self.samples if s[0] <= since), default=self.samples[0])
         end = self.samples[-1]
-        return round(end[1] - start[1], 2), round(end[2] - start[2], 2)
+        return round(end[1] - start[1], 2), round(end[2] - start[2], 2), round(end[3] - start[3], 2)
 
 
-def _children_cpu(skip: int | None = None) -> float:
+def _children_cpu(skip: int) -> tuple[float, float]:
     """CPU seconds of this process's descendants (their own and their reaped children's: the sandbox workers
-    and the session processes they forked), but not the subtree of `skip` (the endpoint's process)."""
+    and the session processes they forked) but the subtree of `skip` (the endpoint's process); and of that one."""
     clk = os.sysconf("SC_CLK_TCK")
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
@@ -245,7 +247,7 @@ def _children_cpu(skip: int | None = None) -> float:
                 return True
         return False
 
-    return sum(t for pid, t in ticks.items() if pid != skip and below_us(pid)) / clk
+    return (sum(t for pid, t in ticks.items() if pid != skip and below_us(pid)) / clk, ticks.get(skip, 0) / clk)
 
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,

@@ -63,8 +63,9 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
                       embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
     """QAs through verification and sandbox-verified tools one by one, each window's end stages once it is done.
 
-    `timings` gets the end stages' times summed over windows, and from the start until every tool is
-    verified (`tools_verified_s`) and until the last window is cut (`last_window_cut_s`)."""
+    `timings` gets the end stages' times summed over windows; from the start until every tool is verified
+    (`tools_verified_s`), until the last window is cut (`last_window_cut_s`), and each window's milestones
+    (`window<N>_cut_s`, `_tools_s`: its tools done, `_done_s`: written)."""
     timings = timings if timings is not None else {}
     started = time.perf_counter()
     seed = run.cfg.seed if spec.seed is None else spec.seed
@@ -111,7 +112,7 @@ class _Stream:
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
         self.qa_rejections = 0
-        self.tools_done_at = self.last_window_at = time.perf_counter()
+        self.started = self.tools_done_at = self.last_window_at = time.perf_counter()
 
     def reject(self, rejections: list[Rejection]) -> None:
         self.qa_rejections += len(rejections)
@@ -164,10 +165,10 @@ class _Stream:
                 kept += 1
                 window.append(got[0])
             if len(window) == self.spec.batch_size:
-                finishing.append(asyncio.ensure_future(self.finish(window)))
+                finishing.append(asyncio.ensure_future(self.finish(window, len(finishing) + 1)))
                 window = []
         if window:
-            finishing.append(asyncio.ensure_future(self.finish(window)))
+            finishing.append(asyncio.ensure_future(self.finish(window, len(finishing) + 1)))
         self.last_window_at = time.perf_counter()
         counts = {"qa_instances": instances, "qa_kept": kept, "qa_rejected": instances - kept}
         for result in await asyncio.gather(*finishing):
@@ -176,16 +177,23 @@ class _Stream:
         counts["rejections"] = self.qa_rejections
         return counts
 
-    async def finish(self, window: list[QAInstance]) -> dict[str, int]:
+    async def finish(self, window: list[QAInstance], number: int) -> dict[str, int]:
         """One window's merging, distractors and self-test, once its QAs' tools are done."""
+        self.mark(f"window{number}_cut_s")
         with request_priority(FINISH):
             outcomes = dict(zip([qa.id for qa in window], await asyncio.gather(*(self.tools[qa.id] for qa in window)),
                                 strict=True))
             self.tools_done_at = max(self.tools_done_at, time.perf_counter())  # the last window's: every tool
+            self.mark(f"window{number}_tools_s")
             rejected = [r for r in outcomes.values() if isinstance(r, Rejection)]
             self.writer.add(stamp(rejected, self.run.run_id))
             drafts = [d for i in _batch_order(window) if isinstance(d := outcomes[i], EnvDraft)]
             result = await finish_environments(self.run, self.spec, await self.pool_started, drafts, [], self.seed,
                                                self.embed, Clock(self.timings))
         result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
+        self.mark(f"window{number}_done_s")
         return result
+
+    def mark(self, name: str) -> None:
+        """A window's milestone in `timings`: seconds since the run started."""
+        self.timings[name] = time.perf_counter() - self.started
