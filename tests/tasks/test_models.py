@@ -221,8 +221,8 @@ def test_limiter_serves_a_higher_priority_waiter_first():
         order: list[str] = []
         release = asyncio.Event()
 
-        async def call(name: str, level: int) -> None:
-            with request_priority(level):
+        async def call(name: str, *levels: int) -> None:
+            with request_priority(*levels):
                 async with limiter.slot():
                     order.append(name)
                     await release.wait()
@@ -230,8 +230,9 @@ def test_limiter_serves_a_higher_priority_waiter_first():
         first = asyncio.create_task(call("first", 0))
         while limiter.in_flight == 0:  # the slot is held before the others queue
             await asyncio.sleep(0)
-        queued = [asyncio.create_task(call(name, level)) for name, level in
-                  [("new-a", 0), ("new-b", 0), ("later-stage", 2), ("middle-stage", 1), ("later-stage-2", 2)]]
+        queued = [asyncio.create_task(call(name, *levels)) for name, levels in
+                  [("new-a", (0,)), ("new-b", (0,)), ("later-stage", (2,)), ("middle-stage", (1,)),
+                   ("later-stage-item-9", (2, -9)), ("later-stage-item-3", (2, -3))]]
         while len(limiter._waiters) < len(queued):
             await asyncio.sleep(0)
         queued[0].cancel()  # a cancelled waiter leaves the queue and never runs
@@ -240,7 +241,9 @@ def test_limiter_serves_a_higher_priority_waiter_first():
         assert limiter.in_flight == 0
         return order
 
-    assert asyncio.run(go()) == ["first", "later-stage", "later-stage-2", "middle-stage", "new-b"]
+    # higher levels first, compared in turn (with equal leading levels, the shorter tuple first), then first come
+    assert asyncio.run(go()) == ["first", "later-stage", "later-stage-item-3", "later-stage-item-9", "middle-stage",
+                                 "new-b"]
 
 
 def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():

@@ -7,8 +7,8 @@
 
 Everything runs on the run's one event loop and goes through its one model limiter. A QA's later stages
 ask for their slots at a higher priority (`request_priority`: judge 1, tools 2, a window's merging 3)
-than new decompositions, so QAs go through in about the order they were started instead of every
-decomposition first, and windows of kept QAs complete one after another while later QAs are still being
+than new decompositions, and within a stage the QA planned first goes first; so QAs go through in about
+the order they were planned instead of every decomposition first, and windows of kept QAs complete one after another while later QAs are still being
 decomposed: merging, distractors and self-tests of a window overlap the requests of the next ones, and
 only the last window's run after the last request. The tool stage is bounded by a semaphore (as the batch
 pipeline's); records go to the warehouse through a `RecordWriter` every second, so a killed run loses at
@@ -43,8 +43,11 @@ from arenaforge.tasks.envs.verify_qa import QAJudge, judge_one, verify_batch
 from arenaforge.tasks.models.limiter import request_priority
 from arenaforge.tasks.run_scope import RunScope
 
-TOOL_CONCURRENCY = 256  # QAs whose tools are being built or verified at once (the batch pipeline's bound)
-JUDGE, TOOLS, FINISH = 1, 2, 3  # request priorities of a QA's later stages (a new decomposition's is 0)
+# QAs whose tools are being built or verified at once: about the endpoint's limit, so the tool stage takes
+# QAs in the order they were kept and an early window's tools are not spread over the whole run
+TOOL_CONCURRENCY = 128
+JUDGE, TOOLS, FINISH = 1, 2, 3  # request priorities of a QA's later stages (a new decomposition's is 0); within
+                                # a stage, the QA planned first goes first
 
 
 async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
@@ -80,7 +83,7 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
             if isinstance(planned, Rejection):
                 flow.reject([planned])
                 continue
-            jobs += [asyncio.ensure_future(flow.qa(inputs)) for inputs in planned]
+            jobs += [asyncio.ensure_future(flow.qa(inputs, len(jobs) + k)) for k, inputs in enumerate(planned)]
         counts = await flow.windows(jobs)
         await pool_started  # started with the run even when no QA was kept: its errors are the run's
     timings["tools_verified_s"] = max(flow.tools_done_at - started, 0.0)
@@ -118,7 +121,7 @@ class _Stream:
         self.qa_rejections += len(rejections)
         self.writer.add(stamp(rejections, self.run.run_id))
 
-    async def qa(self, inputs: DecomposeInputs) -> tuple[QAInstance, bool] | None:
+    async def qa(self, inputs: DecomposeInputs, position: int) -> tuple[QAInstance, bool] | None:
         """One planned decomposition through judging (and, once kept, its tools started): the instance and
         whether it is kept; None when it was refused."""
         made = await self.synth.decompose(inputs)
@@ -126,24 +129,24 @@ class _Stream:
             self.reject([made])
             return None
         if made.id not in self.paths:  # a repeated instance (same content id) is judged once
-            self.paths[made.id] = asyncio.ensure_future(self.verify(made))
+            self.paths[made.id] = asyncio.ensure_future(self.verify(made, position))
         return made, await self.paths[made.id]
 
-    async def verify(self, qa: QAInstance) -> bool:
+    async def verify(self, qa: QAInstance, position: int) -> bool:
         self.writer.add(stamp([qa], self.run.run_id))
-        with request_priority(JUDGE):
+        with request_priority(JUDGE, -position):
             judged = asyncio.ensure_future(judge_one(self.judge, qa, self.run.run_id))
             verdict = await verify_batch(self.judge, [qa], self.spec.keep(), self.spec.min_hops, self.spec.max_hops,
                                          self.run.run_id, {qa.id: judged})
         self.writer.add(verdict.verifications)
         self.reject(verdict.rejections)
         for kept in verdict.kept:
-            self.tools[kept.id] = asyncio.ensure_future(self.build(kept))
+            self.tools[kept.id] = asyncio.ensure_future(self.build(kept, position))
         return bool(verdict.kept)
 
-    async def build(self, qa: QAInstance) -> EnvDraft | Rejection:
+    async def build(self, qa: QAInstance, position: int) -> EnvDraft | Rejection:
         pool = await self.pool_started
-        with request_priority(TOOLS):
+        with request_priority(TOOLS, -position):
             async with self.tool_slots:
                 return await synthesize_one(self.builders.get(qa.source, self.no_source), pool, qa,
                                             self.spec.max_attempts, self.run.run_id)
@@ -180,7 +183,7 @@ class _Stream:
     async def finish(self, window: list[QAInstance], number: int) -> dict[str, int]:
         """One window's merging, distractors and self-test, once its QAs' tools are done."""
         self.mark(f"window{number}_cut_s")
-        with request_priority(FINISH):
+        with request_priority(FINISH, -number):
             outcomes = dict(zip([qa.id for qa in window], await asyncio.gather(*(self.tools[qa.id] for qa in window)),
                                 strict=True))
             self.tools_done_at = max(self.tools_done_at, time.perf_counter())  # the last window's: every tool

@@ -7,7 +7,8 @@ in-flight calls and a throttling one settles just under its real capacity.
 
 Waiters are served by priority, then first come, first served. A pipeline raises the priority of a
 work item's later stages (`with request_priority(2): ...` in the task that runs them; tasks it starts
-inherit it), so those requests overtake new work's first requests instead of queueing behind them.
+inherit it), so those requests overtake new work's first requests instead of queueing behind them;
+further levels order work within a stage (`request_priority(2, -position)`: the earlier item first).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator, Iterator
 
-_PRIORITY: contextvars.ContextVar[int] = contextvars.ContextVar("request_priority", default=0)
+_PRIORITY: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("request_priority", default=(0,))
 
 
 @contextlib.contextmanager
-def request_priority(level: int) -> Iterator[None]:
-    """Requests sent in this context (and tasks started from it) wait for a slot at `level`: higher first."""
-    token = _PRIORITY.set(level)
+def request_priority(*levels: int) -> Iterator[None]:
+    """Requests sent in this context (and tasks started from it) wait for a slot at `levels`, compared in turn:
+    higher first (e.g. `(stage, -position)`: later stages first, and within a stage the earlier work item)."""
+    token = _PRIORITY.set(levels)
     try:
         yield
     finally:
@@ -48,7 +50,7 @@ class AdaptiveLimiter:
         self.in_flight = 0
         self.peak = 0
         self.slow_start = True
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []  # a heap of (-priority, arrival, future)
+        self._waiters: list[tuple[tuple[int, ...], int, asyncio.Future[None]]] = []  # heap: (-levels, arrival, future)
         self._arrivals = itertools.count()
 
     @contextlib.asynccontextmanager
@@ -65,7 +67,7 @@ class AdaptiveLimiter:
             self._take()
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (-_PRIORITY.get(), next(self._arrivals), waiter)
+        entry = (tuple(-level for level in _PRIORITY.get()), next(self._arrivals), waiter)
         heapq.heappush(self._waiters, entry)
         try:
             await waiter
