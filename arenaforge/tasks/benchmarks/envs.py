@@ -11,6 +11,10 @@
    stage, tool building and the whole run, and the client's share of limiter slots held. A
    reference run of the bare model layer (same n, same endpoint, just before) says what this
    machine allows at that moment; these VMs' speed drifts by 10-20% over an hour.
+   Then the streaming pipeline on the same endpoint and inputs, side by side: whole-run shares, the
+   timeline (when the last answer came back, the tail after it) and the CPU seconds of the client, the
+   sandbox and the endpoint over the run and its tail, which say what bounds the run on this machine.
+   `batch_size` sets both pipelines' chunk/window of kept QAs (default: one for the run).
    Needs the repository checkout (it imports the test server).
 """
 
