@@ -213,6 +213,39 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
     assert in_flight == 0 and peak == 2
 
 
+def test_limiter_serves_a_higher_priority_waiter_first():
+    from arenaforge.tasks.models.limiter import request_priority
+
+    async def go() -> list[str]:
+        limiter = AdaptiveLimiter(initial=1, maximum=1)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def call(name: str, *levels: int) -> None:
+            with request_priority(*levels):
+                async with limiter.slot():
+                    order.append(name)
+                    await release.wait()
+
+        first = asyncio.create_task(call("first", 0))
+        while limiter.in_flight == 0:  # the slot is held before the others queue
+            await asyncio.sleep(0)
+        queued = [asyncio.create_task(call(name, *levels)) for name, levels in
+                  [("new-a", (0,)), ("new-b", (0,)), ("later-stage", (2,)), ("middle-stage", (1,)),
+                   ("later-stage-item-9", (2, -9)), ("later-stage-item-3", (2, -3))]]
+        while len(limiter._waiters) < len(queued):
+            await asyncio.sleep(0)
+        queued[0].cancel()  # a cancelled waiter leaves the queue and never runs
+        release.set()
+        await asyncio.gather(first, *queued, return_exceptions=True)
+        assert limiter.in_flight == 0
+        return order
+
+    # higher levels first, compared in turn (with equal leading levels, the shorter tuple first), then first come
+    assert asyncio.run(go()) == ["first", "later-stage", "later-stage-item-3", "later-stage-item-9", "middle-stage",
+                                 "new-b"]
+
+
 def test_cache_key_is_the_hash_of_the_canonical_json_of_the_request():
     """Keys written before the orjson fast path (and before `tool_choice` existed) stay valid: same bytes as
     arenaforge.schemas.ids.canonical_json of the request's fields of that time."""

@@ -11,11 +11,16 @@
    stage, tool building and the whole run, and the client's share of limiter slots held. A
    reference run of the bare model layer (same n, same endpoint, just before) says what this
    machine allows at that moment; these VMs' speed drifts by 10-20% over an hour.
+   Then the streaming pipeline on the same endpoint and inputs, side by side: whole-run shares, the
+   timeline (when the last answer came back, the tail after it) and the CPU seconds of the client, the
+   sandbox and the endpoint over the run and its tail, which say what bounds the run on this machine.
+   `batch_size` sets both pipelines' chunk/window of kept QAs (default: one for the run).
    Needs the repository checkout (it imports the test server).
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 import time
@@ -73,9 +78,9 @@ def answer(req):
 """
 
 
-async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any]) -> None:
+async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any], batch_size: int) -> None:
     from arenaforge.tasks.embeddings import embed
-    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
+    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
 
     embed(["warm up"])  # the embedding model's one-off load is not the first pipeline's distractor stage
@@ -93,7 +98,7 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         # the scripted endpoint's tool code is ours (envs_responder.py), so the process backend may run it
         cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox, process_allows_model_code=True))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
-        spec = EnvsSpec(sources=["sample"], n=n, batch_size=100_000)
+        spec = EnvsSpec(sources=["sample"], n=n, batch_size=batch_size)
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
         reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
         timings: dict[str, float] = {}
@@ -102,17 +107,23 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
             sampler = threading.Thread(target=sample, args=(run.model.limiter,), daemon=True)
             sampler.start()
             try:
-                t0 = time.perf_counter()
-                ids, qa_counts = await synthesize_qas(run, spec)
-                t1 = time.perf_counter()
-                counts = await build_environments(run, spec, ids, timings=timings)
-                t2 = time.perf_counter()
+                with _CpuLog(endpoint.pid) as batch_cpu:
+                    t0 = time.perf_counter()
+                    ids, qa_counts = await synthesize_qas(run, spec)
+                    t1 = time.perf_counter()
+                    counts: dict[str, int] = {}
+                    for chunk in chunks(ids, spec.batch_size):  # as `run_envs` does: the end stages per chunk
+                        for key, value in (await build_environments(run, spec, chunk, timings=timings)).items():
+                            counts[key] = counts.get(key, 0) + value
+                    t2 = time.perf_counter()
             finally:
                 stop.set()
                 sampler.join(timeout=5)
-        stream_window, stream = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb")
+        stream_window, stream, stream_cpu = await _stream_run(cfg, spec, Path(tmp) / "stream.duckdb", endpoint.pid)
     # the endpoint's log arrives when it stops, so every share is read here
     stream_tools_end = stream_window[0] + stream.get("tools_verified_s", 0)
+    batch_last = endpoint.request_window(t0, t2)[1]
+    stream_last = endpoint.request_window(*stream_window)[1]
     stream = {"busy_share_whole_run": endpoint.busy_share(limit, *stream_window),
               "busy_share_until_tools_verified": endpoint.busy_share(limit, stream_window[0], stream_tools_end),
               "requests":
@@ -147,11 +158,25 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "until_tools_verified_busy_share": {"batch": endpoint.busy_share(limit, t0, tools_end),
                                             "stream": stream["busy_share_until_tools_verified"]},
         "until_tools_verified_s": {"batch": round(tools_end - t0, 2), "stream": stream["tools_verified_s"]},
+        # the timeline: when the last answer came back, and the run's tail after it (no request in flight)
+        "last_answer_s": {"batch": round(batch_last - t0, 2), "stream": round(stream_last - stream_window[0], 2)},
+        "tail_after_last_answer_s": {"batch": round(t2 - batch_last, 2), "stream": round(stream_window[1] - stream_last, 2)},
+        # the client process's CPU seconds (its threads; not the endpoint's or the sandbox workers' processes)
+        # CPU seconds over the whole run and over its tail (after the last answer), of the client process (its
+        # threads) and of the sandbox (the process backend's workers and their session processes); the endpoint's
+        # process is not counted
+        "client_cpu_s": {"batch": batch_cpu.spent(t0)[0], "stream": stream_cpu.spent(stream_window[0])[0]},
+        "sandbox_cpu_s": {"batch": batch_cpu.spent(t0)[1], "stream": stream_cpu.spent(stream_window[0])[1]},
+        "tail_client_cpu_s": {"batch": batch_cpu.spent(batch_last)[0], "stream": stream_cpu.spent(stream_last)[0]},
+        "tail_sandbox_cpu_s": {"batch": batch_cpu.spent(batch_last)[1], "stream": stream_cpu.spent(stream_last)[1]},
+        "endpoint_cpu_s": {"batch": batch_cpu.spent(t0)[2], "stream": stream_cpu.spent(stream_window[0])[2]},
+        "batch_size": batch_size,
         "stream": stream,
     }
 
 
-async def _stream_run(cfg: Config, spec: Any, db: Path) -> tuple[tuple[float, float], dict[str, Any]]:
+async def _stream_run(cfg: Config, spec: Any, db: Path, endpoint_pid: int
+                      ) -> tuple[tuple[float, float], dict[str, Any], _CpuLog]:
     """The same inputs through the streaming pipeline (tasks/envs/stream.py) into a fresh warehouse: its
     window (perf_counter) and counts."""
     from arenaforge.tasks.envs.stream import stream_envs
@@ -159,21 +184,87 @@ async def _stream_run(cfg: Config, spec: Any, db: Path) -> tuple[tuple[float, fl
 
     timings: dict[str, float] = {}
     async with open_run_scope(cfg, Warehouse(db), "bench") as run:
-        t0 = time.perf_counter()
-        counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
-        t1 = time.perf_counter()
-    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}}
+        with _CpuLog(endpoint_pid) as cpu:
+            t0 = time.perf_counter()
+            counts = await stream_envs(run, spec.model_copy(update={"pipeline": "stream"}), timings=timings)
+            t1 = time.perf_counter()
+    return (t0, t1), {**counts, **{k: round(v, 2) for k, v in timings.items()}}, cpu
+
+
+class _CpuLog:
+    """`with _CpuLog(endpoint_pid) as log:` samples (time, client, sandbox and endpoint CPU s) every `every_s`
+    from a thread; `log.spent(t)`: the CPU seconds from `t` (the last sample at or before it) to the end."""
+
+    def __init__(self, skip: int, every_s: float = 0.25) -> None:
+        self.skip, self.every_s = skip, every_s
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        self.samples.append((time.perf_counter(), time.process_time(), *_children_cpu(self.skip)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self) -> _CpuLog:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()
+
+    def spent(self, since: float) -> tuple[float, float, float]:
+        """CPU seconds of the client, the sandbox and the endpoint from `since` to the end."""
+        start = max((s for s in self.samples if s[0] <= since), default=self.samples[0])
+        end = self.samples[-1]
+        return round(end[1] - start[1], 2), round(end[2] - start[2], 2), round(end[3] - start[3], 2)
+
+
+def _children_cpu(skip: int) -> tuple[float, float]:
+    """CPU seconds of this process's descendants (their own and their reaped children's: the sandbox workers
+    and the session processes they forked) but the subtree of `skip` (the endpoint's process); and of that one."""
+    clk = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        pid = int(entry.name)
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+
+    def below_us(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == skip:
+                return False
+            if pid == os.getpid():
+                return True
+        return False
+
+    return (sum(t for pid, t in ticks.items() if pid != skip and below_us(pid)) / clk, ticks.get(skip, 0) / clk)
 
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
-         layout: str = "lake") -> dict:
+         layout: str = "lake", batch_size: int = 100_000) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
 
-    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake)."""
+    `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
+    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
+    the default is one for the whole run."""
     out: dict[str, Any] = {}
     if not skip_offline:
         await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
     if not skip_openai:
-        await _openai(openai_n, limit, latency_s, sandbox, out)
+        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size)
     return out

@@ -61,6 +61,11 @@ class ScriptedEndpoint:
             raise RuntimeError("the scripted endpoint did not start")
         return self
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
     def kill(self) -> None:
         """SIGKILL the server process: a replica that crashed with requests in flight."""
         assert self._proc is not None

@@ -164,44 +164,30 @@ class QASynthesizer:
     def __init__(self, model: ChatModel) -> None:
         self.model = model
         self.prompt = load_prompt("envs_decompose")
+        self._summaries: dict[str, str] = {}  # per source name: rendered once per run
 
-    async def synthesize(self, source: KnowledgeSource, spec: QASpec, on_instance: OnInstance | None = None) -> QABatch:
+    def plan(self, source: KnowledgeSource, spec: QASpec) -> list[DecomposeInputs] | Rejection:
+        """One decomposition per instance to synthesize, in order; a rejection when no structure fits the hops."""
         allowed = [s for s in spec.structures if structure_fits(s, spec)]
         if not allowed:
-            return QABatch([], [Rejection(stage="decompose_qa", subject=source.name, reason="hop_budget",
-                                          detail=f"no structure fits hops {spec.min_hops}..{spec.max_hops}")])
+            return Rejection(stage="decompose_qa", subject=source.name, reason="hop_budget",
+                             detail=f"no structure fits hops {spec.min_hops}..{spec.max_hops}")
         seeds = list(spec.seed_questions or source.seed_questions)
         pick_seed = random.Random(f"{spec.seed}:{source.name}:seed-questions")
-        summary = source.summary()
         jobs = []
         for k in range(spec.n):
             structure = allowed[k % len(allowed)]
             seed_q = seeds[pick_seed.randrange(len(seeds))] if (spec.mode == "conditioned" and seeds) else None
             jobs.append(DecomposeInputs(source, spec, structure, k, seed_q))
+        return jobs
 
-        def text(inputs: DecomposeInputs) -> str:
-            return self.prompt.render(
-                knowledge=summary, structure=inputs.structure, min_hops=spec.min_hops, max_hops=spec.max_hops,
-                seed_question=inputs.seed_question or "(none: write your own question)", variant=inputs.k)
+    async def synthesize(self, source: KnowledgeSource, spec: QASpec, on_instance: OnInstance | None = None) -> QABatch:
+        jobs = self.plan(source, spec)
+        if isinstance(jobs, Rejection):
+            return QABatch([], [jobs])
 
         async def one(inputs: DecomposeInputs) -> QAInstance | Rejection:
-            subject = f"{source.name}:{inputs.structure}:{inputs.k}"
-            try:
-                answer = await complete_json(self.model, "envs.decompose", lambda: text(inputs),
-                                             QA_SCHEMA, seed=spec.seed + inputs.k, inputs=inputs)
-            except NoAnswer as err:
-                return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail,
-                                 payload=err.payload)
-            except ProviderError as err:  # invalid output or a failed endpoint: the error's kind says which
-                return Rejection.of_error("decompose_qa", subject, err)
-            args = (source, answer, inputs.seed_question, subject, self.prompt.hash, self.model)
-            # Evidence SQL that must reach DuckDB (~1 ms each; it releases the GIL) runs off the
-            # event loop, where every ms is a ms no request goes out; memoised lookups stay inline,
-            # since a thread hop would cost more than they do.
-            # Grounding queries that must reach DuckDB (~1 ms each; it releases the GIL) run off the event
-            # loop, where every ms is a ms no request goes out; when the source has answered every one of
-            # them before (the offline provider's instances), grounding stays inline.
-            made = await asyncio.to_thread(_from_answer, *args) if model_written(self.model) else _from_answer(*args)
+            made = await self.decompose(inputs)
             if on_instance is not None and isinstance(made, QAInstance):
                 on_instance(made)
             return made
@@ -209,6 +195,33 @@ class QASynthesizer:
         results = await asyncio.gather(*(one(job) for job in jobs))
         instances = {r.id: r for r in results if isinstance(r, QAInstance)}
         return QABatch(list(instances.values()), [r for r in results if isinstance(r, Rejection)])
+
+    async def decompose(self, inputs: DecomposeInputs) -> QAInstance | Rejection:
+        """One planned decomposition: the model's answer held to the source."""
+        source, spec = inputs.source, inputs.spec
+        subject = f"{source.name}:{inputs.structure}:{inputs.k}"
+        if source.name not in self._summaries:
+            self._summaries[source.name] = source.summary()
+        summary = self._summaries[source.name]
+
+        def text() -> str:
+            return self.prompt.render(
+                knowledge=summary, structure=inputs.structure, min_hops=spec.min_hops, max_hops=spec.max_hops,
+                seed_question=inputs.seed_question or "(none: write your own question)", variant=inputs.k)
+
+        try:
+            answer = await complete_json(self.model, "envs.decompose", text, QA_SCHEMA, seed=spec.seed + inputs.k,
+                                         inputs=inputs)
+        except NoAnswer as err:
+            return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail,
+                             payload=err.payload)
+        except ProviderError as err:  # invalid output or a failed endpoint: the error's kind says which
+            return Rejection.of_error("decompose_qa", subject, err)
+        args = (source, answer, inputs.seed_question, subject, self.prompt.hash, self.model)
+        # Grounding queries that must reach DuckDB (~1 ms each; it releases the GIL) run off the event
+        # loop, where every ms is a ms no request goes out; when the source has answered every one of
+        # them before (the offline provider's instances), grounding stays inline.
+        return await asyncio.to_thread(_from_answer, *args) if model_written(self.model) else _from_answer(*args)
 
 
 def _from_answer(source: KnowledgeSource, answer: dict[str, Any], seed_q: str | None, subject: str,

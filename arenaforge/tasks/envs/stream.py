@@ -2,28 +2,36 @@
 
     per QA, the moment it is ready:   decomposed -> judged + structural checks -> (kept) tools built
                                       -> sandbox-verified, regenerated on failure
-    per batch_size chunk, at the end: merging -> distractors -> self-test
+    per batch_size window of kept QAs, the moment its last QA's tools are done:
+                                      merging -> distractors -> self-test -> written
 
-Everything runs on the run's one event loop and goes through its one model limiter, so the endpoint
-always has the next QA's request waiting instead of idling at a stage's tail. The tool stage is bounded
-by a semaphore (as the batch pipeline's); records go to the warehouse through a `RecordWriter` every
-second, so a killed run loses at most the last second's records and a re-run (content ids) completes it.
+Everything runs on the run's one event loop and goes through its one model limiter. A QA's later stages
+ask for their slots at a higher priority (`request_priority`: judge 1, tools 2, a window's merging 3)
+than new decompositions, and within a stage the QA planned first goes first; so QAs go through in about
+the order they were planned instead of every decomposition first, and windows of kept QAs complete one after another while later QAs are still being
+decomposed: merging, distractors and self-tests of a window overlap the requests of the next ones, and
+only the last window's run after the last request. The tool stage is bounded by a semaphore (as the batch
+pipeline's); records go to the warehouse through a `RecordWriter` every second, so a killed run loses at
+most the last second's records and a re-run (content ids) completes it.
 
 Same results as the batch pipeline (`synthesize_qas` then `build_environments` per chunk of
-`batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order
-(kept QAs in synthesis order, chunked, each chunk ordered by id and grouped by source). The percentile
-keep rule needs the whole batch's scores before anything is kept, so `EnvsSpec` refuses it with stream.
-Merging and distractors still wait for the end of the run: incremental merging is not built yet.
+`batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order. The
+windows are the batch pipeline's chunks: kept QAs in synthesis order (sources in turn, each source's
+planned decompositions in order, a repeated instance at its first place), cut every `batch_size`, each
+ordered by id and grouped by source. A window is cut by walking the decompositions in that order as they
+resolve. The percentile keep rule needs the whole batch's scores before anything is kept, so `EnvsSpec`
+refuses it with stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.decompose_qa import QABatch, QASynthesizer
+from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASynthesizer
 from arenaforge.tasks.envs.distractors import Embedder
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments, stamp,
@@ -32,9 +40,14 @@ from arenaforge.tasks.envs.stream_writer import RecordWriter
 from arenaforge.tasks.envs.synthesize_env import synthesize_one
 from arenaforge.tasks.envs.tool_impl import EnvDraft
 from arenaforge.tasks.envs.verify_qa import QAJudge, judge_one, verify_batch
+from arenaforge.tasks.models.limiter import request_priority
 from arenaforge.tasks.run_scope import RunScope
 
-TOOL_CONCURRENCY = 256  # QAs whose tools are being built or verified at once (the batch pipeline's bound)
+# QAs whose tools are being built or verified at once: about the endpoint's limit, so the tool stage takes
+# QAs in the order they were kept and an early window's tools are not spread over the whole run
+TOOL_CONCURRENCY = 128
+JUDGE, TOOLS, FINISH = 1, 2, 3  # request priorities of a QA's later stages (a new decomposition's is 0); within
+                                # a stage, the QA planned first goes first
 
 
 async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
@@ -51,29 +64,30 @@ async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSo
 
 async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
                       embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
-    """QAs through verification and sandbox-verified tools one by one, then the end stages per chunk."""
-    clock = Clock(timings if timings is not None else {})
+    """QAs through verification and sandbox-verified tools one by one, each window's end stages once it is done.
+
+    `timings` gets the end stages' times summed over windows; from the start until every tool is verified
+    (`tools_verified_s`), until the last window is cut (`last_window_cut_s`), and each window's milestones
+    (`window<N>_cut_s`, `_tools_s`: its tools done, `_done_s`: written)."""
+    timings = timings if timings is not None else {}
+    started = time.perf_counter()
     seed = run.cfg.seed if spec.seed is None else spec.seed
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     pool_started = asyncio.ensure_future(run.sandbox())
     async with RecordWriter(run.wh) as writer:
-        flow = _Stream(run, spec, sources, seed, writer, pool_started)
-        batches = await asyncio.gather(*(flow.source(source) for source in sources.values()))
-        outcomes = await asyncio.gather(*flow.tools.values())
-        clock.lap("tools_verified_s")
-        kept = [qa for batch in batches for qa in batch.instances if qa.id in flow.tools]
-        drafts = {qa.id: got for qa, got in zip(flow.tools_for, outcomes, strict=True) if isinstance(got, EnvDraft)}
-        writer.add(stamp([r for r in outcomes if isinstance(r, Rejection)], run.run_id))
-        counts = {"qa_instances": sum(len(b.instances) for b in batches), "qa_kept": len(kept),
-                  "qa_rejected": sum(len(b.instances) for b in batches) - len(kept), "rejections": flow.qa_rejections}
-        pool = await pool_started
-        for start in range(0, len(kept), spec.batch_size):
-            ordered = _batch_order(kept[start:start + spec.batch_size])
-            result = await finish_environments(run, spec, pool, [drafts[i] for i in ordered if i in drafts], [],
-                                               seed, embed, clock)
-            for key, value in result.items():
-                counts[key] = counts.get(key, 0) + value
-        counts["env_rejections"] = counts.get("env_rejections", 0) + sum(isinstance(r, Rejection) for r in outcomes)
+        flow = _Stream(run, spec, sources, seed, writer, pool_started, embed, timings)
+        jobs: list[asyncio.Future[tuple[QAInstance, bool] | None]] = []
+        for source in sources.values():  # every decomposition starts now; the limiter orders their requests
+            flow.reject(source.rejections)
+            planned = flow.synth.plan(source, spec.qa_spec(seed))
+            if isinstance(planned, Rejection):
+                flow.reject([planned])
+                continue
+            jobs += [asyncio.ensure_future(flow.qa(inputs, len(jobs) + k)) for k, inputs in enumerate(planned)]
+        counts = await flow.windows(jobs)
+        await pool_started  # started with the run even when no QA was kept: its errors are the run's
+    timings["tools_verified_s"] = max(flow.tools_done_at - started, 0.0)
+    timings["last_window_cut_s"] = max(flow.last_window_at - started, 0.0)
     return counts
 
 
@@ -86,48 +100,103 @@ def _batch_order(chunk: list[QAInstance]) -> list[str]:
 
 
 class _Stream:
-    """One streaming run's per-QA steps and what they have started."""
+    """One streaming run's per-QA steps, its windows and what they have started."""
 
     def __init__(self, run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource], seed: int,
-                 writer: RecordWriter, pool_started: asyncio.Future[Any]) -> None:
+                 writer: RecordWriter, pool_started: asyncio.Future[Any], embed: Embedder | None,
+                 timings: dict[str, float]) -> None:
         self.run, self.spec, self.seed, self.writer, self.pool_started = run, spec, seed, writer, pool_started
+        self.embed, self.timings = embed, timings
         self.synth = QASynthesizer(run.model)
         self.judge = QAJudge(run.model)
         self.builders = {name: ToolBuilder(run.model, source, seed) for name, source in sources.items()}
         self.no_source = ToolBuilder(run.model, None, seed)
-        self.judged: dict[str, asyncio.Future[None]] = {}
+        self.paths: dict[str, asyncio.Future[bool]] = {}  # per instance id: judged, and kept or not
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
-        self.tools_for: list[QAInstance] = []
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
         self.qa_rejections = 0
-
-    async def source(self, source: KnowledgeSource) -> QABatch:
-        self.reject(source.rejections)
-        batch = await self.synth.synthesize(source, self.spec.qa_spec(self.seed), self.on_instance)
-        self.reject(batch.rejections)
-        await asyncio.gather(*(self.judged[qa.id] for qa in batch.instances))
-        return batch
+        self.started = self.tools_done_at = self.last_window_at = time.perf_counter()
 
     def reject(self, rejections: list[Rejection]) -> None:
         self.qa_rejections += len(rejections)
         self.writer.add(stamp(rejections, self.run.run_id))
 
-    def on_instance(self, qa: QAInstance) -> None:
-        if qa.id not in self.judged:  # a duplicate instance (same content id) is judged once
-            self.judged[qa.id] = asyncio.ensure_future(self.verify(qa))
+    async def qa(self, inputs: DecomposeInputs, position: int) -> tuple[QAInstance, bool] | None:
+        """One planned decomposition through judging (and, once kept, its tools started): the instance and
+        whether it is kept; None when it was refused."""
+        made = await self.synth.decompose(inputs)
+        if isinstance(made, Rejection):
+            self.reject([made])
+            return None
+        if made.id not in self.paths:  # a repeated instance (same content id) is judged once
+            self.paths[made.id] = asyncio.ensure_future(self.verify(made, position))
+        return made, await self.paths[made.id]
 
-    async def verify(self, qa: QAInstance) -> None:
+    async def verify(self, qa: QAInstance, position: int) -> bool:
         self.writer.add(stamp([qa], self.run.run_id))
-        judged = asyncio.ensure_future(judge_one(self.judge, qa, self.run.run_id))
-        verdict = await verify_batch(self.judge, [qa], self.spec.keep(), self.spec.min_hops, self.spec.max_hops,
-                                     self.run.run_id, {qa.id: judged})
+        with request_priority(JUDGE, -position):
+            judged = asyncio.ensure_future(judge_one(self.judge, qa, self.run.run_id))
+            verdict = await verify_batch(self.judge, [qa], self.spec.keep(), self.spec.min_hops, self.spec.max_hops,
+                                         self.run.run_id, {qa.id: judged})
         self.writer.add(verdict.verifications)
         self.reject(verdict.rejections)
         for kept in verdict.kept:
-            self.tools_for.append(kept)
-            self.tools[kept.id] = asyncio.ensure_future(self.build(kept))
+            self.tools[kept.id] = asyncio.ensure_future(self.build(kept, position))
+        return bool(verdict.kept)
 
-    async def build(self, qa: QAInstance) -> EnvDraft | Rejection:
+    async def build(self, qa: QAInstance, position: int) -> EnvDraft | Rejection:
         pool = await self.pool_started
-        async with self.tool_slots:
-            return await synthesize_one(self.builders.get(qa.source, self.no_source), pool, qa, self.spec.max_attempts, self.run.run_id)
+        with request_priority(TOOLS, -position):
+            async with self.tool_slots:
+                return await synthesize_one(self.builders.get(qa.source, self.no_source), pool, qa,
+                                            self.spec.max_attempts, self.run.run_id)
+
+    async def windows(self, jobs: list[asyncio.Future[tuple[QAInstance, bool] | None]]) -> dict[str, int]:
+        """Walk the decompositions in synthesis order as they resolve; start each window's end stages once
+        `batch_size` kept QAs are known (the last window at the end); the counts of the whole run."""
+        seen: set[str] = set()
+        window: list[QAInstance] = []
+        finishing: list[asyncio.Future[dict[str, int]]] = []
+        instances = kept = 0
+        for job in jobs:
+            got = await job
+            if got is None or got[0].id in seen:
+                continue
+            seen.add(got[0].id)
+            instances += 1
+            if got[1]:
+                kept += 1
+                window.append(got[0])
+            if len(window) == self.spec.batch_size:
+                finishing.append(asyncio.ensure_future(self.finish(window, len(finishing) + 1)))
+                window = []
+        if window:
+            finishing.append(asyncio.ensure_future(self.finish(window, len(finishing) + 1)))
+        self.last_window_at = time.perf_counter()
+        counts = {"qa_instances": instances, "qa_kept": kept, "qa_rejected": instances - kept}
+        for result in await asyncio.gather(*finishing):
+            for key, value in result.items():
+                counts[key] = counts.get(key, 0) + value
+        counts["rejections"] = self.qa_rejections
+        return counts
+
+    async def finish(self, window: list[QAInstance], number: int) -> dict[str, int]:
+        """One window's merging, distractors and self-test, once its QAs' tools are done."""
+        self.mark(f"window{number}_cut_s")
+        with request_priority(FINISH, -number):
+            outcomes = dict(zip([qa.id for qa in window], await asyncio.gather(*(self.tools[qa.id] for qa in window)),
+                                strict=True))
+            self.tools_done_at = max(self.tools_done_at, time.perf_counter())  # the last window's: every tool
+            self.mark(f"window{number}_tools_s")
+            rejected = [r for r in outcomes.values() if isinstance(r, Rejection)]
+            self.writer.add(stamp(rejected, self.run.run_id))
+            drafts = [d for i in _batch_order(window) if isinstance(d := outcomes[i], EnvDraft)]
+            result = await finish_environments(self.run, self.spec, await self.pool_started, drafts, [], self.seed,
+                                               self.embed, Clock(self.timings))
+        result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
+        self.mark(f"window{number}_done_s")
+        return result
+
+    def mark(self, name: str) -> None:
+        """A window's milestone in `timings`: seconds since the run started."""
+        self.timings[name] = time.perf_counter() - self.started
