@@ -35,6 +35,7 @@ import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
 from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.rows import KeyedRows
 from arenaforge.warehouse.writer_lock import WriterLock, writer_lock
 
 # Rows per insert that DuckLake keeps inside the catalog instead of writing a Parquet file: DuckLake's
@@ -218,6 +219,23 @@ def _cutoff(older_than_hours: float) -> str:
 
 
 # --------------------------------------------------------------------------- the store
+def _snapshot(con: duckdb.DuckDBPyConnection, alias: str) -> int:
+    """The snapshot this connection's transaction reads."""
+    return int(con.execute(f"SELECT id FROM {alias}.current_snapshot()").fetchone()[0])
+
+
+def _match(key: Sequence[str]) -> str:
+    return " AND ".join(f"t.{k} = b.{k}" for k in key)
+
+
+def _present(con: duckdb.DuckDBPyConnection, batch: KeyedRows, source: str) -> set[tuple[Any, ...]]:
+    """Keys of `batch` that `source` (a table, or a table function over its changes) holds."""
+    keys = ", ".join(f"t.{k}" for k in batch.key)
+    rows = con.execute(f"SELECT DISTINCT {keys} FROM {source} t SEMI JOIN {batch.keys_select()} b ON {_match(batch.key)}",
+                       batch.keys_params()).fetchall()
+    return {tuple(row) for row in rows}
+
+
 _MIGRATED: set[str] = set()
 _KEYS: dict[str, dict[str, list[str]]] = {}
 _HELD = threading.local()  # the warehouses whose writers' lock this thread holds
@@ -313,7 +331,7 @@ class LakeStore:
 
         Exact only inside `transaction()`: the writers' lock keeps other writers out until COMMIT.
         """
-        match = " AND ".join(f"t.{k} = b.{k}" for k in key)
+        match = _match(key)
         replaced = 0
         if replace:
             replaced = con.execute(f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM {select} b WHERE {match})",
@@ -323,6 +341,39 @@ class LakeStore:
         inserted = con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {select} b "
                                f"WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {match})", params).fetchone()[0]
         return int(inserted)
+
+    def write_new(self, batches: Sequence[KeyedRows]) -> list[int]:
+        """Insert every batch's rows whose key is not stored yet, in one commit; rows new per batch.
+
+        The writers' lock covers only the commit's own work. Before it, in a read snapshot S of its
+        own, each batch drops the keys already stored (the scan of a whole table). Under the lock
+        the transaction starts at the newest snapshot L (every writer commits under the lock), so
+        only rows that other writers committed in (S, L] can still collide: the INSERT skips keys in
+        `ducklake_table_insertions` over just those snapshots, which reads only the files they added.
+        """
+        self._ensure_migrated()
+        att = self._attached()
+        alias = att.alias
+        new = [0] * len(batches)
+        todo = [(i, b) for i, b in enumerate(batches) if b.rows]
+        if not todo:
+            return new
+        with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
+            seen = _snapshot(con, alias)
+            todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
+            con.execute("ROLLBACK")
+        todo = [(i, b) for i, b in todo if b.rows]
+        if not todo:
+            return new
+        with self.transaction() as con:
+            now = _snapshot(con, alias)
+            for i, b in todo:
+                sql = f"INSERT INTO {b.table} ({b.names}) SELECT {b.names} FROM {b.select()} b"
+                if now > seen:
+                    since = f"ducklake_table_insertions('{alias}', 'main', '{b.table}', {seen + 1}, {now})"
+                    sql += f" WHERE NOT EXISTS (SELECT 1 FROM {since} t WHERE {_match(b.key)})"
+                new[i] = int(con.execute(sql, b.params()).fetchone()[0])
+        return new
 
     def relations(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
         """(name, 'table' | 'view') in schema main, from the catalog's own tables (DuckLake spec): the
