@@ -21,6 +21,8 @@ Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import sqlite3
 import threading
@@ -228,6 +230,44 @@ def _match(key: Sequence[str]) -> str:
     return " AND ".join(f"t.{k} = b.{k}" for k in key)
 
 
+# A commit made by `write_new` says so in its snapshot's commit message; its extra info is
+# {table: [digest of each inserted key]}: 64-bit digests (a false match, which would skip a new row,
+# is a 1 in 2^64 chance per key pair) keep the catalog's text about 20 bytes per row.
+_KEYS_MESSAGE = "write_new: inserted keys"
+
+
+def _key_tuples(batch: KeyedRows) -> list[tuple[Any, ...]]:
+    names = [name for name, _ in batch.columns]
+    positions = [names.index(k) for k in batch.key]
+    return [tuple(row[i] for i in positions) for row in batch.rows]
+
+
+def _listable(batch: KeyedRows) -> bool:
+    """Keys whose text is what the database compares (VARCHAR), so digests of it match exactly."""
+    kinds = dict(batch.columns)
+    return all(kinds[k].upper() == "VARCHAR" for k in batch.key) and all(
+        isinstance(v, str) for key in _key_tuples(batch) for v in key)
+
+
+def _digest(key: tuple[Any, ...]) -> str:
+    return hashlib.blake2b("\x1f".join(key).encode(), digest_size=8).hexdigest()
+
+
+def _listed_since(con: duckdb.DuckDBPyConnection, alias: str, seen: int, now: int) -> dict[str, set[str]] | None:
+    """Digests of the keys each table got in snapshots (seen, now], or None when a commit there did not list them."""
+    rows = con.execute(f"SELECT commit_message, commit_extra_info FROM __ducklake_metadata_{alias}.ducklake_snapshot_changes "
+                       "WHERE snapshot_id > ? AND snapshot_id <= ?", [seen, now]).fetchall()
+    if len(rows) != now - seen:
+        return None
+    listed: dict[str, set[str]] = {}
+    for message, extra in rows:
+        if message != _KEYS_MESSAGE or not extra:
+            return None
+        for table, digests in json.loads(extra).items():
+            listed.setdefault(table, set()).update(digests)
+    return listed
+
+
 def _present(con: duckdb.DuckDBPyConnection, batch: KeyedRows, source: str) -> set[tuple[Any, ...]]:
     """Keys of `batch` that `source` (a table, or a table function over its changes) holds."""
     keys = ", ".join(f"t.{k}" for k in batch.key)
@@ -346,10 +386,13 @@ class LakeStore:
         """Insert every batch's rows whose key is not stored yet, in one commit; rows new per batch.
 
         The writers' lock covers only the commit's own work. Before it, in a read snapshot S of its
-        own, each batch drops the keys already stored (the scan of a whole table). Under the lock
-        the transaction starts at the newest snapshot L (every writer commits under the lock), so
-        only rows that other writers committed in (S, L] can still collide: the INSERT skips keys in
-        `ducklake_table_insertions` over just those snapshots, which reads only the files they added.
+        own, each batch drops the keys already stored (the scan of whole tables). Under the lock the
+        transaction starts at the newest snapshot L (every writer commits under the lock), so only
+        rows other writers committed in (S, L] can still collide. Each such commit lists digests of
+        the keys it inserted in its snapshot's commit info (`_KEYS_MESSAGE`), read from the catalog in
+        one query; a commit in (S, L] without that list (compaction, `db query`, a replacing upsert)
+        makes the INSERT check `ducklake_table_insertions` over (S, L] instead, which reads the files
+        those snapshots added.
         """
         self._ensure_migrated()
         att = self._attached()
@@ -367,12 +410,25 @@ class LakeStore:
             return new
         with self.transaction() as con:
             now = _snapshot(con, alias)
+            listed = _listed_since(con, alias, seen, now) if now > seen else {}
+            inserted: dict[str, list[str]] | None = {}
             for i, b in todo:
                 sql = f"INSERT INTO {b.table} ({b.names}) SELECT {b.names} FROM {b.select()} b"
-                if now > seen:
+                if listed is not None:
+                    b = b.without({k for k in _key_tuples(b) if _digest(k) in listed.get(b.table, ())})
+                elif now > seen:
                     since = f"ducklake_table_insertions('{alias}', 'main', '{b.table}', {seen + 1}, {now})"
                     sql += f" WHERE NOT EXISTS (SELECT 1 FROM {since} t WHERE {_match(b.key)})"
+                if not b.rows:
+                    continue
                 new[i] = int(con.execute(sql, b.params()).fetchone()[0])
+                if inserted is not None and _listable(b) and new[i] == len(b.rows):
+                    inserted.setdefault(b.table, []).extend(_digest(k) for k in _key_tuples(b))
+                else:
+                    inserted = None  # some rows skipped in SQL, or keys not text: list nothing
+            if inserted:
+                con.execute(f"CALL {alias}.set_commit_message('arenaforge', '{_KEYS_MESSAGE}', extra_info => ?)",
+                            [json.dumps(inserted, separators=(",", ":"))])
         return new
 
     def relations(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
