@@ -318,20 +318,21 @@ class LakeStore:
             yield con
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def transaction(self, held: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """BEGIN ... COMMIT while holding the writers' lock (taken before BEGIN, so the transaction's
-        snapshot already holds every other writer's rows)."""
+        snapshot already holds every other writer's rows). `held`: the caller holds it already."""
         self._ensure_migrated()
         att = self._attached()
-        held = _HELD.__dict__.setdefault("keys", set())
-        if self.key in held:  # else it would wait for the lock this very thread holds
+        keys = _HELD.__dict__.setdefault("keys", set())
+        if self.key in keys:  # else it would wait for the lock this very thread holds
             raise WarehouseError("a write transaction is already open in this thread; write inside it")
-        held.add(self.key)
+        keys.add(self.key)
         try:
-            with att.lock.hold(self.lock_timeout_s), att.cursor(begin=True) as con, self._committed(con):
+            lock = contextlib.nullcontext() if held else att.lock.hold(self.lock_timeout_s)
+            with lock, att.cursor(begin=True) as con, self._committed(con):
                 yield con
         finally:
-            held.discard(self.key)
+            keys.discard(self.key)
 
     @contextlib.contextmanager
     def _committed(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
@@ -385,14 +386,15 @@ class LakeStore:
     def write_new(self, batches: Sequence[KeyedRows]) -> list[int]:
         """Insert every batch's rows whose key is not stored yet, in one commit; rows new per batch.
 
-        The writers' lock covers only the commit's own work. Before it, in a read snapshot S of its
-        own, each batch drops the keys already stored (the scan of whole tables). Under the lock the
-        transaction starts at the newest snapshot L (every writer commits under the lock), so only
-        rows other writers committed in (S, L] can still collide. Each such commit lists digests of
-        the keys it inserted in its snapshot's commit info (`_KEYS_MESSAGE`), read from the catalog in
-        one query; a commit in (S, L] without that list (compaction, `db query`, a replacing upsert)
-        makes the INSERT check `ducklake_table_insertions` over (S, L] instead, which reads the files
-        those snapshots added.
+        When the writers' lock is free it is taken at once and the keys already stored are looked up
+        inside the transaction. When another writer holds it, this writer does the expensive part
+        while it would otherwise wait: in a read snapshot S of its own it drops the keys already
+        stored (the scan of whole tables). Then, under the lock, the transaction starts at the newest
+        snapshot L (every writer commits under the lock), so only rows other writers committed in
+        (S, L] can still collide. Each such commit lists digests of the keys it inserted in its
+        snapshot's commit info (`_KEYS_MESSAGE`), read from the catalog in one query; a commit in
+        (S, L] without that list (compaction, `db query`, a replacing upsert) makes the INSERT check
+        `ducklake_table_insertions` over (S, L] instead, which reads the files those snapshots added.
         """
         self._ensure_migrated()
         att = self._attached()
@@ -401,34 +403,46 @@ class LakeStore:
         todo = [(i, b) for i, b in enumerate(batches) if b.rows]
         if not todo:
             return new
-        with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
-            seen = _snapshot(con, alias)
+        with att.lock.try_hold() as free:
+            seen = -1
+            if not free:
+                with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
+                    seen = _snapshot(con, alias)
+                    todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
+                    con.execute("ROLLBACK")
+                todo = [(i, b) for i, b in todo if b.rows]
+                if not todo:
+                    return new
+            with self.transaction(held=free) as con:
+                return self._insert_new_since(con, alias, seen, todo, new)
+
+    def _insert_new_since(self, con: duckdb.DuckDBPyConnection, alias: str, seen: int,
+                          todo: list[tuple[int, KeyedRows]], new: list[int]) -> list[int]:
+        """Under the lock: insert `todo`'s rows not stored yet, knowing none was at snapshot `seen`
+        (-1: nothing known, look every key up now)."""
+        now = _snapshot(con, alias)
+        if seen < 0:
             todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
-            con.execute("ROLLBACK")
-        todo = [(i, b) for i, b in todo if b.rows]
-        if not todo:
-            return new
-        with self.transaction() as con:
-            now = _snapshot(con, alias)
-            listed = _listed_since(con, alias, seen, now) if now > seen else {}
-            inserted: dict[str, list[str]] | None = {}
-            for i, b in todo:
-                sql = f"INSERT INTO {b.table} ({b.names}) SELECT {b.names} FROM {b.select()} b"
-                if listed is not None:
-                    b = b.without({k for k in _key_tuples(b) if _digest(k) in listed.get(b.table, ())})
-                elif now > seen:
-                    since = f"ducklake_table_insertions('{alias}', 'main', '{b.table}', {seen + 1}, {now})"
-                    sql += f" WHERE NOT EXISTS (SELECT 1 FROM {since} t WHERE {_match(b.key)})"
-                if not b.rows:
-                    continue
-                new[i] = int(con.execute(sql, b.params()).fetchone()[0])
-                if inserted is not None and _listable(b) and new[i] == len(b.rows):
-                    inserted.setdefault(b.table, []).extend(_digest(k) for k in _key_tuples(b))
-                else:
-                    inserted = None  # some rows skipped in SQL, or keys not text: list nothing
-            if inserted:
-                con.execute(f"CALL {alias}.set_commit_message('arenaforge', '{_KEYS_MESSAGE}', extra_info => ?)",
-                            [json.dumps(inserted, separators=(",", ":"))])
+            seen = now
+        listed = _listed_since(con, alias, seen, now) if now > seen else {}
+        inserted: dict[str, list[str]] | None = {}
+        for i, b in todo:
+            sql = f"INSERT INTO {b.table} ({b.names}) SELECT {b.names} FROM {b.select()} b"
+            if listed is not None:
+                b = b.without({k for k in _key_tuples(b) if _digest(k) in listed.get(b.table, ())})
+            elif now > seen:
+                since = f"ducklake_table_insertions('{alias}', 'main', '{b.table}', {seen + 1}, {now})"
+                sql += f" WHERE NOT EXISTS (SELECT 1 FROM {since} t WHERE {_match(b.key)})"
+            if not b.rows:
+                continue
+            new[i] = int(con.execute(sql, b.params()).fetchone()[0])
+            if inserted is not None and _listable(b) and new[i] == len(b.rows):
+                inserted.setdefault(b.table, []).extend(_digest(k) for k in _key_tuples(b))
+            else:
+                inserted = None  # some rows skipped in SQL, or keys not text: list nothing
+        if inserted:
+            con.execute(f"CALL {alias}.set_commit_message('arenaforge', '{_KEYS_MESSAGE}', extra_info => ?)",
+                        [json.dumps(inserted, separators=(",", ":"))])
         return new
 
     def relations(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:

@@ -6,6 +6,7 @@ behaviour is tested on `file:` paths.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from arenaforge.schemas import FunctionDoc, Rejection, Server, Tool, WarehouseEr
 from arenaforge.warehouse import Warehouse, export_relation, migration_files, recorded_run
 from arenaforge.warehouse.lake import LakeLocation, LakeStore
 from arenaforge.warehouse.single_file import _MIGRATED
+from arenaforge.warehouse.writer_lock import FileWriterLock
 from tests.warehouse.conftest import run_writers
 
 
@@ -294,16 +296,21 @@ def test_the_lake_runs_on_one_worker_thread_and_writes_in_the_lake(tmp_warehouse
 
 @pytest.mark.parametrize("racer", ["upsert", "plain_sql"])
 def test_rows_another_writer_commits_after_the_unlocked_check_still_land_once(tmp_warehouse, monkeypatch, racer):
-    # An upsert checks which keys are stored before it takes the writers' lock; another writer commits the
-    # same keys in between. Under the lock only those commits are checked: by the key digests an upsert's
-    # commit lists, or (a commit that lists none, e.g. plain SQL) by the rows DuckLake says it inserted.
+    # While another writer holds the writers' lock, an upsert checks which keys are stored before taking it;
+    # another writer commits the same keys in between. Under the lock only those commits are checked: by the
+    # key digests an upsert's commit lists, or (a commit that lists none, e.g. plain SQL) by the rows DuckLake
+    # says it inserted.
     tools = _tools(12, server="race")
     tmp_warehouse.upsert(tools[:2])
     store = tmp_warehouse.store
     locked = LakeStore.transaction
     raced = []
 
-    def race_then_lock(self):
+    @contextlib.contextmanager
+    def busy(self):  # the lock is always found held by someone else: every write takes the unlocked check
+        yield False
+
+    def race_then_lock(self, held=False):
         if not raced:  # once: the racing writer's own commit goes through here too
             raced.append(True)
             if racer == "upsert":
@@ -313,8 +320,9 @@ def test_rows_another_writer_commits_after_the_unlocked_check_still_land_once(tm
                 tmp_warehouse.query("INSERT INTO tools (id, run_id, parents, record) "
                                     "SELECT $1, NULL, [], CAST($2 AS JSON)",
                                     [tools[5].id, tools[5].model_dump_json()])
-        return locked(self)
+        return locked(self, held)
 
+    monkeypatch.setattr(FileWriterLock, "try_hold", busy)
     monkeypatch.setattr(LakeStore, "transaction", race_then_lock)
     new = store.write_new([_record_batch(tmp_warehouse, tools)])[0]
     assert new == (12 - 2 - 4 if racer == "upsert" else 12 - 2 - 1)
