@@ -13,7 +13,8 @@ Writers take turns through one lock per warehouse: an exclusive `flock` on `<dir
 PostgreSQL advisory lock held for the transaction. DuckLake has no primary keys, so idempotent
 upserts are "insert what is not there yet"; that is only exact when no other writer commits in
 between, which the lock guarantees (measured: without it, two writers inserting the same id over a
-PostgreSQL catalog both commit). Readers never take the lock.
+PostgreSQL catalog both commit). Readers never take the lock. What the lock covers is kept small
+(`LakeStore.write_new`: a writer that would wait looks keys up before taking it). docs/WAREHOUSE.md says more.
 
 Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed as `arenaforge`.
 """
