@@ -80,6 +80,9 @@ class WorkerConnection:
                     fut.set_result(msg)
         except Exception as err:  # noqa: BLE001 - whatever broke the stream, the worker is unusable
             why = f"reading from the worker failed: {err!r}"
+        if self.alive:
+            ended = await self.transport.ended()
+            why = f"{why} ({ended})" if ended else why
         self.mark_dead(why)
 
     def mark_dead(self, why: str) -> None:
