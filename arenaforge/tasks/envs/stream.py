@@ -26,7 +26,9 @@ refuses it with stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
@@ -114,6 +116,8 @@ class _Stream:
         self.paths: dict[str, asyncio.Future[bool]] = {}  # per instance id: judged, and kept or not
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
+        self.merged_windows = 0  # windows merged so far: each merges against the ones before it, in order
+        self.merge_turns = asyncio.Condition()
         self.qa_rejections = 0
         self.started = self.tools_done_at = self.last_window_at = time.perf_counter()
 
@@ -192,10 +196,22 @@ class _Stream:
             self.writer.add(stamp(rejected, self.run.run_id))
             drafts = [d for i in _batch_order(window) if isinstance(d := outcomes[i], EnvDraft)]
             result = await finish_environments(self.run, self.spec, await self.pool_started, drafts, [], self.seed,
-                                               self.embed, Clock(self.timings))
+                                               self.embed, Clock(self.timings), self.merge_turn(number))
         result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
         self.mark(f"window{number}_done_s")
         return result
+
+    @contextlib.asynccontextmanager
+    async def merge_turn(self, number: int) -> AsyncIterator[None]:
+        """Window `number`'s merging, once every window before it has merged (the batch pipeline's order)."""
+        async with self.merge_turns:
+            await self.merge_turns.wait_for(lambda: self.merged_windows == number - 1)
+        try:
+            yield
+        finally:
+            async with self.merge_turns:
+                self.merged_windows += 1
+                self.merge_turns.notify_all()
 
     def mark(self, name: str) -> None:
         """A window's milestone in `timings`: seconds since the run started."""
