@@ -121,6 +121,8 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
         return {"environments": 0}
     seed = run.cfg.seed if spec.seed is None else spec.seed
     instances = await asyncio.to_thread(lookups.by_ids, run.wh, QAInstance, qa_ids)
+    order = {qa_id: k for k, qa_id in enumerate(qa_ids)}  # in synthesis order: batches in a row merge as one batch
+    instances.sort(key=lambda qa: order[qa.id])
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     return await _build(run, spec, instances, sources, seed, embed, timings if timings is not None else {})
 

@@ -18,7 +18,7 @@ Same results as the batch pipeline (`synthesize_qas` then `build_environments` p
 `batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order. The
 windows are the batch pipeline's chunks: kept QAs in synthesis order (sources in turn, each source's
 planned decompositions in order, a repeated instance at its first place), cut every `batch_size`, each
-ordered by id and grouped by source. A window is cut by walking the decompositions in that order as they
+grouped by source. A window is cut by walking the decompositions in that order as they
 resolve. The percentile keep rule needs the whole batch's scores before anything is kept, so `EnvsSpec`
 refuses it with stream.
 """
@@ -94,9 +94,9 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
 
 
 def _batch_order(chunk: list[QAInstance]) -> list[str]:
-    """A chunk's QA ids as the batch pipeline meets them: by id (its warehouse read), grouped by source."""
+    """A chunk's QA ids as the batch pipeline meets them: in synthesis order, grouped by source."""
     by_source: dict[str, list[str]] = {}
-    for qa in sorted(chunk, key=lambda q: q.id):
+    for qa in chunk:
         by_source.setdefault(qa.source, []).append(qa.id)
     return [i for ids in by_source.values() for i in ids]
 
