@@ -11,6 +11,10 @@ member's document and code and the union of every member's mock data. Every QA t
 serves is re-verified in the sandbox (its gold calls still answer; its probes and the other
 members' gold calls do not return its answer); if any fails, the members keep their own tools
 and the `EnvMerge` row says why.
+
+Merging is incremental: a `MergeIndex` holds every group and subset seen so far (a run's earlier batches or
+windows, and earlier runs' `MergeCandidate` rows looked up by signature), and each batch goes on with the greedy
+placement where the last one stopped; see docs/ENVS.md, "Merging across batches, windows and runs".
 """
 
 from __future__ import annotations
@@ -127,7 +131,6 @@ class MergeIndex:
 
     def add(self, rows: list[MergeCandidate]) -> None:
         """Candidates read back from the warehouse (a member already known is skipped)."""
-        firsts: dict[str, int] = {}
         for row in sorted(rows, key=lambda r: (r.group, r.position)):
             key = f"{row.qa_id}/{row.doc.name}"
             if key in self.where:
@@ -140,7 +143,6 @@ class MergeIndex:
             subset = next((s for s in group.subsets if s[0].key == row.subset), None)
             if subset is None:
                 group.subsets.append(subset := [])
-                firsts[row.subset] = row.position
             subset.append(member)
             group.size = max(group.size, row.position + 1)
             self.where[key] = (group, subset)
@@ -286,7 +288,8 @@ async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDr
             join(index.groups.setdefault(f"{drafts[i].qa.id}/{t.name}", _Group(f"{drafts[i].qa.id}/{t.name}", t.signature)),
                  i, t)
     # order the touched subsets as the groups and their subsets stand
-    order = {id(s): (list(index.groups).index(g.key), g.subsets.index(s)) for g, s, _ in touched}
+    rank = {key: k for k, key in enumerate(index.groups)}
+    order = {id(s): (rank[g.key], g.subsets.index(s)) for g, s, _ in touched}
     touched.sort(key=lambda e: order[id(e[1])])
 
     sem = asyncio.Semaphore(concurrency)

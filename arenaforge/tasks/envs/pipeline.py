@@ -168,6 +168,7 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
     candidates: list[Any] = []
     new_groups = 0
     async with merge_turn or contextlib.nullcontext():
+        clock.lap("merge_wait_s")  # for the turn of the windows before (stream)
         if spec.merge and (len(drafts) > 1 or (spec.merge_across and drafts)):
             index = merge_index(run) if spec.merge_across else None
             merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id, index=index)
