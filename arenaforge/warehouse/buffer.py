@@ -20,7 +20,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from arenaforge.warehouse.db import Warehouse, column_lists, column_rows
+from arenaforge.warehouse.db import Warehouse
+from arenaforge.warehouse.rows import KeyedRows
 
 _COMMITTERS: dict[tuple[int, str], "_Committer"] = {}
 _COMMITTERS_LOCK = threading.Lock()
@@ -69,16 +70,9 @@ class _Committer:
             self.pending = {}
             return taken
 
-    def write(self, con: Any, taken: Taken) -> None:
-        for table, rows in taken.items():
-            typed = self.columns[table]
-            key = self.wh.key_of(table)
-            positions = [[name for name, _ in typed].index(k) for k in key]
-            unique: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-            for row in rows:  # the first row of a key wins, as ON CONFLICT DO NOTHING did
-                unique.setdefault(tuple(row[i] for i in positions), row)
-            names = ", ".join(name for name, _ in typed)
-            self.wh.store.insert_new(con, table, names, column_rows(typed), column_lists(list(unique.values()), len(typed)), key)
+    def batches(self, taken: Taken) -> list[KeyedRows]:
+        return [KeyedRows.first_per_key(table, self.columns[table], rows, self.wh.key_of(table))
+                for table, rows in taken.items()]
 
     def done(self, taken: Taken) -> None:
         with self.cond:
@@ -102,8 +96,7 @@ class _Committer:
                     continue
             taken = self.take()
             try:
-                with self.wh.transaction() as con:
-                    self.write(con, taken)
+                self.wh.store.write_new(self.batches(taken))
             except BaseException as err:  # surfaced to the next add/flush caller
                 with self.cond:
                     self.error = err

@@ -27,6 +27,7 @@ from arenaforge.schemas.base import Record
 from arenaforge.schemas.contracts import validate
 from arenaforge.schemas.errors import WarehouseError
 from arenaforge.warehouse.lake import LakeLocation, LakeStore, is_postgres
+from arenaforge.warehouse.rows import KeyedRows, column_lists, column_rows  # noqa: F401 - column_* re-exported
 from arenaforge.warehouse.single_file import FileStore, is_duckdb_file
 
 R = TypeVar("R", bound=Record)
@@ -39,21 +40,6 @@ _RECORDS = "(SELECT id, run_id, parents, CAST(record AS JSON) AS record FROM {ro
 _WRITES = {duckdb.StatementType.INSERT, duckdb.StatementType.UPDATE, duckdb.StatementType.DELETE,
            duckdb.StatementType.CREATE, duckdb.StatementType.DROP, duckdb.StatementType.ALTER,
            duckdb.StatementType.MERGE_INTO, duckdb.StatementType.CALL}
-
-
-def column_rows(columns: Sequence[tuple[str, str]]) -> str:
-    """A relation over typed per-column parameter lists, bound in order as $1, $2, ...
-
-    Every batched write binds its rows this way: DuckDB's `executemany` runs a statement per row
-    (~10 ms each here), and registering Arrow tables (`con.register`) races inside DuckDB when
-    another thread opens a connection to the same database.
-    """
-    return "(SELECT " + ", ".join(f"unnest(${i}::{kind}[]) AS {name}" for i, (name, kind) in enumerate(columns, 1)) + ")"
-
-
-def column_lists(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
-    """Row tuples -> one list per column (the parameters of `column_rows`)."""
-    return [list(col) for col in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def migration_files() -> list[tuple[int, str, str]]:
@@ -147,19 +133,19 @@ class Warehouse:
             by_table.setdefault(record.TABLE, []).append(record)
         if not by_table:
             return 0
-        batches = {table: self._record_rows(items) for table, items in by_table.items()}
-        select = _RECORDS.format(rows=column_rows(_RECORD_COLUMNS))
+        batches = [KeyedRows(table, _RECORD_COLUMNS, self._record_rows(items), ["id"], _RECORDS)
+                   for table, items in by_table.items()]
+        if replace:
+            with self.transaction() as con:
+                return sum(self.store.insert_new(con, b.table, b.names, b.select(), b.params(), b.key, True)
+                           for b in batches)
         from arenaforge.warehouse.buffer import riding_rows  # here: buffer.py imports this module
 
         committer = riding_rows(self)  # queued cache/usage rows ride along: one commit instead of two
         taken = committer.take() if committer is not None else {}
-        new = 0
         try:
-            with self.transaction() as con:
-                for table, batch in batches.items():
-                    new += self.store.insert_new(con, table, "id, run_id, parents, record", select, batch, ["id"], replace)
-                if taken:
-                    committer.write(con, taken)  # type: ignore[union-attr]
+            riding = committer.batches(taken) if taken else []  # type: ignore[union-attr]
+            new = sum(self.store.write_new(batches + riding)[: len(batches)])
         except BaseException:
             if taken:
                 committer.give_back(taken)  # type: ignore[union-attr]
@@ -171,15 +157,7 @@ class Warehouse:
     def insert_rows(self, table: str, columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Any]]) -> int:
         """Insert plain rows (typed `columns`, one tuple per row) whose key is not stored yet, in one
         transaction; the key is the table's declared PRIMARY KEY. Returns how many were new."""
-        key = self.key_of(table)
-        names = [name for name, _ in columns]
-        positions = [names.index(k) for k in key]
-        unique: dict[tuple[Any, ...], Sequence[Any]] = {}
-        for row in rows:  # first of each key wins, as ON CONFLICT DO NOTHING would
-            unique.setdefault(tuple(row[i] for i in positions), row)
-        with self.transaction() as con:
-            return self.store.insert_new(con, table, ", ".join(names), column_rows(columns),
-                                         column_lists(list(unique.values()), len(columns)), key)
+        return self.store.write_new([KeyedRows.first_per_key(table, columns, rows, self.key_of(table))])[0]
 
     def key_of(self, table: str) -> list[str]:
         """The columns that identify a row of `table` (its declared PRIMARY KEY)."""
@@ -189,7 +167,7 @@ class Warehouse:
         return keys[table]
 
     @staticmethod
-    def _record_rows(records: Sequence[Record]) -> list[list[Any]]:
+    def _record_rows(records: Sequence[Record]) -> list[tuple[Any, ...]]:
         rows: dict[str, tuple[Any, ...]] = {}
         for record in records:
             data = record.content()
@@ -197,7 +175,7 @@ class Warehouse:
             # stored in the record's own key order (its id ignores order): tool code iterates an environment's state
             stored = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
             rows[record.id] = (record.id, record.run_id, list(record.parents), stored)
-        return column_lists(list(rows.values()), len(_RECORD_COLUMNS))
+        return list(rows.values())
 
     # ------------------------------------------------------------------ reads
     def get(self, model: type[R], record_id: str) -> R | None:

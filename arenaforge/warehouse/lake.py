@@ -13,7 +13,8 @@ Writers take turns through one lock per warehouse: an exclusive `flock` on `<dir
 PostgreSQL advisory lock held for the transaction. DuckLake has no primary keys, so idempotent
 upserts are "insert what is not there yet"; that is only exact when no other writer commits in
 between, which the lock guarantees (measured: without it, two writers inserting the same id over a
-PostgreSQL catalog both commit). Readers never take the lock.
+PostgreSQL catalog both commit). Readers never take the lock. What the lock covers is kept small
+(`LakeStore.write_new`: a writer that would wait looks keys up before taking it). docs/WAREHOUSE.md says more.
 
 Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed as `arenaforge`.
 """
@@ -21,6 +22,8 @@ Each process opens one in-memory DuckDB per lake it uses, with the lake ATTACHed
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import sqlite3
 import threading
@@ -35,6 +38,7 @@ import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
 from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.rows import KeyedRows
 from arenaforge.warehouse.writer_lock import WriterLock, writer_lock
 
 # Rows per insert that DuckLake keeps inside the catalog instead of writing a Parquet file: DuckLake's
@@ -218,6 +222,61 @@ def _cutoff(older_than_hours: float) -> str:
 
 
 # --------------------------------------------------------------------------- the store
+def _snapshot(con: duckdb.DuckDBPyConnection, alias: str) -> int:
+    """The snapshot this connection's transaction reads."""
+    return int(con.execute(f"SELECT id FROM {alias}.current_snapshot()").fetchone()[0])
+
+
+def _match(key: Sequence[str]) -> str:
+    return " AND ".join(f"t.{k} = b.{k}" for k in key)
+
+
+# A commit made by `write_new` says so in its snapshot's commit message; its extra info is
+# {table: [digest of each inserted key]}: 64-bit digests (a false match, which would skip a new row,
+# is a 1 in 2^64 chance per key pair) keep the catalog's text about 20 bytes per row.
+_KEYS_MESSAGE = "write_new: inserted keys"
+
+
+def _key_tuples(batch: KeyedRows) -> list[tuple[Any, ...]]:
+    names = [name for name, _ in batch.columns]
+    positions = [names.index(k) for k in batch.key]
+    return [tuple(row[i] for i in positions) for row in batch.rows]
+
+
+def _listable(batch: KeyedRows) -> bool:
+    """Keys whose text is what the database compares (VARCHAR), so digests of it match exactly."""
+    kinds = dict(batch.columns)
+    return all(kinds[k].upper() == "VARCHAR" for k in batch.key) and all(
+        isinstance(v, str) for key in _key_tuples(batch) for v in key)
+
+
+def _digest(key: tuple[Any, ...]) -> str:
+    return hashlib.blake2b("\x1f".join(key).encode(), digest_size=8).hexdigest()
+
+
+def _listed_since(con: duckdb.DuckDBPyConnection, alias: str, seen: int, now: int) -> dict[str, set[str]] | None:
+    """Digests of the keys each table got in snapshots (seen, now], or None when a commit there did not list them."""
+    rows = con.execute(f"SELECT commit_message, commit_extra_info FROM __ducklake_metadata_{alias}.ducklake_snapshot_changes "
+                       "WHERE snapshot_id > ? AND snapshot_id <= ?", [seen, now]).fetchall()
+    if len(rows) != now - seen:
+        return None
+    listed: dict[str, set[str]] = {}
+    for message, extra in rows:
+        if message != _KEYS_MESSAGE or not extra:
+            return None
+        for table, digests in json.loads(extra).items():
+            listed.setdefault(table, set()).update(digests)
+    return listed
+
+
+def _present(con: duckdb.DuckDBPyConnection, batch: KeyedRows, source: str) -> set[tuple[Any, ...]]:
+    """Keys of `batch` that `source` (a table, or a table function over its changes) holds."""
+    keys = ", ".join(f"t.{k}" for k in batch.key)
+    rows = con.execute(f"SELECT DISTINCT {keys} FROM {source} t SEMI JOIN {batch.keys_select()} b ON {_match(batch.key)}",
+                       batch.keys_params()).fetchall()
+    return {tuple(row) for row in rows}
+
+
 _MIGRATED: set[str] = set()
 _KEYS: dict[str, dict[str, list[str]]] = {}
 _HELD = threading.local()  # the warehouses whose writers' lock this thread holds
@@ -260,20 +319,21 @@ class LakeStore:
             yield con
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def transaction(self, held: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
         """BEGIN ... COMMIT while holding the writers' lock (taken before BEGIN, so the transaction's
-        snapshot already holds every other writer's rows)."""
+        snapshot already holds every other writer's rows). `held`: the caller holds it already."""
         self._ensure_migrated()
         att = self._attached()
-        held = _HELD.__dict__.setdefault("keys", set())
-        if self.key in held:  # else it would wait for the lock this very thread holds
+        keys = _HELD.__dict__.setdefault("keys", set())
+        if self.key in keys:  # else it would wait for the lock this very thread holds
             raise WarehouseError("a write transaction is already open in this thread; write inside it")
-        held.add(self.key)
+        keys.add(self.key)
         try:
-            with att.lock.hold(self.lock_timeout_s), att.cursor(begin=True) as con, self._committed(con):
+            lock = contextlib.nullcontext() if held else att.lock.hold(self.lock_timeout_s)
+            with lock, att.cursor(begin=True) as con, self._committed(con):
                 yield con
         finally:
-            held.discard(self.key)
+            keys.discard(self.key)
 
     @contextlib.contextmanager
     def _committed(self, con: duckdb.DuckDBPyConnection) -> Iterator[None]:
@@ -313,7 +373,7 @@ class LakeStore:
 
         Exact only inside `transaction()`: the writers' lock keeps other writers out until COMMIT.
         """
-        match = " AND ".join(f"t.{k} = b.{k}" for k in key)
+        match = _match(key)
         replaced = 0
         if replace:
             replaced = con.execute(f"DELETE FROM {table} t WHERE EXISTS (SELECT 1 FROM {select} b WHERE {match})",
@@ -323,6 +383,68 @@ class LakeStore:
         inserted = con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {select} b "
                                f"WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE {match})", params).fetchone()[0]
         return int(inserted)
+
+    def write_new(self, batches: Sequence[KeyedRows]) -> list[int]:
+        """Insert every batch's rows whose key is not stored yet, in one commit; rows new per batch.
+
+        When the writers' lock is free it is taken at once and the keys already stored are looked up
+        inside the transaction. When another writer holds it, this writer does the expensive part
+        while it would otherwise wait: in a read snapshot S of its own it drops the keys already
+        stored (the scan of whole tables). Then, under the lock, the transaction starts at the newest
+        snapshot L (every writer commits under the lock), so only rows other writers committed in
+        (S, L] can still collide. Each such commit lists digests of the keys it inserted in its
+        snapshot's commit info (`_KEYS_MESSAGE`), read from the catalog in one query; a commit in
+        (S, L] without that list (compaction, `db query`, a replacing upsert) makes the INSERT check
+        `ducklake_table_insertions` over (S, L] instead, which reads the files those snapshots added.
+        """
+        self._ensure_migrated()
+        att = self._attached()
+        alias = att.alias
+        new = [0] * len(batches)
+        todo = [(i, b) for i, b in enumerate(batches) if b.rows]
+        if not todo:
+            return new
+        with att.lock.try_hold() as free:
+            seen = -1
+            if not free:
+                with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
+                    seen = _snapshot(con, alias)
+                    todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
+                    con.execute("ROLLBACK")
+                todo = [(i, b) for i, b in todo if b.rows]
+                if not todo:
+                    return new
+            with self.transaction(held=free) as con:
+                return self._insert_new_since(con, alias, seen, todo, new)
+
+    def _insert_new_since(self, con: duckdb.DuckDBPyConnection, alias: str, seen: int,
+                          todo: list[tuple[int, KeyedRows]], new: list[int]) -> list[int]:
+        """Under the lock: insert `todo`'s rows not stored yet, knowing none was at snapshot `seen`
+        (-1: nothing known, look every key up now)."""
+        now = _snapshot(con, alias)
+        if seen < 0:
+            todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
+            seen = now
+        listed = _listed_since(con, alias, seen, now) if now > seen else {}
+        inserted: dict[str, list[str]] | None = {}
+        for i, b in todo:
+            sql = f"INSERT INTO {b.table} ({b.names}) SELECT {b.names} FROM {b.select()} b"
+            if listed is not None:
+                b = b.without({k for k in _key_tuples(b) if _digest(k) in listed.get(b.table, ())})
+            elif now > seen:
+                since = f"ducklake_table_insertions('{alias}', 'main', '{b.table}', {seen + 1}, {now})"
+                sql += f" WHERE NOT EXISTS (SELECT 1 FROM {since} t WHERE {_match(b.key)})"
+            if not b.rows:
+                continue
+            new[i] = int(con.execute(sql, b.params()).fetchone()[0])
+            if inserted is not None and _listable(b) and new[i] == len(b.rows):
+                inserted.setdefault(b.table, []).extend(_digest(k) for k in _key_tuples(b))
+            else:
+                inserted = None  # some rows skipped in SQL, or keys not text: list nothing
+        if inserted:
+            con.execute(f"CALL {alias}.set_commit_message('arenaforge', '{_KEYS_MESSAGE}', extra_info => ?)",
+                        [json.dumps(inserted, separators=(",", ":"))])
+        return new
 
     def relations(self, con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
         """(name, 'table' | 'view') in schema main, from the catalog's own tables (DuckLake spec): the

@@ -21,6 +21,7 @@ from typing import Any
 import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
+from arenaforge.warehouse.rows import KeyedRows
 
 _MIGRATED: set[str] = set()
 _MIGRATE_LOCK = threading.Lock()
@@ -145,6 +146,14 @@ class FileStore:
         conflict = ("DO UPDATE SET " + ", ".join(f"{c} = EXCLUDED.{c}" for c in others)) if replace else "DO NOTHING"
         con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM {select} ON CONFLICT ({keys}) {conflict}", params)
         return int(new)
+
+    def write_new(self, batches: Sequence[KeyedRows]) -> list[int]:
+        """Insert every batch's rows whose key is not stored yet, in one transaction; rows new per batch."""
+        if not any(b.rows for b in batches):
+            return [0] * len(batches)
+        with self.transaction() as con:
+            return [self.insert_new(con, b.table, b.names, b.select(), b.params(), b.key) if b.rows else 0
+                    for b in batches]
 
     @staticmethod
     def relations(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:

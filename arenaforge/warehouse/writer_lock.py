@@ -41,6 +41,10 @@ class WriterLock:
     def hold(self, timeout_s: float) -> contextlib.AbstractContextManager[None]:
         raise NotImplementedError
 
+    def try_hold(self) -> contextlib.AbstractContextManager[bool]:
+        """Hold the lock if no one else does (True), else hold nothing (False); never waits."""
+        raise NotImplementedError
+
 
 class FileWriterLock(WriterLock):
     """An exclusive flock on `<dir>/write.lock`: released by the kernel when its holder dies."""
@@ -60,6 +64,18 @@ class FileWriterLock(WriterLock):
             yield
         finally:
             os.close(fd)  # closing the descriptor drops the lock
+
+    @contextlib.contextmanager
+    def try_hold(self) -> Iterator[bool]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            got = _try_flock(fd)
+            if got:
+                _WAITS.append(0.0)
+            yield got
+        finally:
+            os.close(fd)
 
 
 def _flock_in_turn(fd: int, timeout_s: float, what: object) -> None:
@@ -128,6 +144,22 @@ class AdvisoryWriterLock(WriterLock):
         finally:
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")  # ends the session's transaction: the lock goes with it
+            con.close()
+
+    @contextlib.contextmanager
+    def try_hold(self) -> Iterator[bool]:
+        alias = "lock_" + hashlib.sha1(self.location.target.encode()).hexdigest()[:12]
+        con = _lock_engine(self.location.target, alias).cursor()
+        try:
+            con.execute("BEGIN TRANSACTION")
+            got = con.execute(f"SELECT * FROM postgres_query('{alias}', "
+                              f"'SELECT pg_try_advisory_xact_lock({_PG_LOCK_KEY})')").fetchone()[0]
+            if got:
+                _WAITS.append(0.0)
+            yield bool(got)
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
             con.close()
 
 

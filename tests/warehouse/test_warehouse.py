@@ -6,6 +6,7 @@ behaviour is tested on `file:` paths.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from arenaforge.schemas import FunctionDoc, Rejection, Server, Tool, WarehouseEr
 from arenaforge.warehouse import Warehouse, export_relation, migration_files, recorded_run
 from arenaforge.warehouse.lake import LakeLocation, LakeStore
 from arenaforge.warehouse.single_file import _MIGRATED
+from arenaforge.warehouse.writer_lock import FileWriterLock
 from tests.warehouse.conftest import run_writers
 
 
@@ -290,3 +292,46 @@ def test_the_lake_runs_on_one_worker_thread_and_writes_in_the_lake(tmp_warehouse
         assert con.execute("SELECT current_database()").fetchone()[0] == "arenaforge"
         con.execute("INSERT INTO graph_edges (server, src, dst, weight, origin) VALUES ('s', 'a', 'b', 1.0, 'dataflow')")
     assert tmp_warehouse.count("graph_edges") == 1
+
+
+@pytest.mark.parametrize("racer", ["upsert", "plain_sql"])
+def test_rows_another_writer_commits_after_the_unlocked_check_still_land_once(tmp_warehouse, monkeypatch, racer):
+    # While another writer holds the writers' lock, an upsert checks which keys are stored before taking it;
+    # another writer commits the same keys in between. Under the lock only those commits are checked: by the
+    # key digests an upsert's commit lists, or (a commit that lists none, e.g. plain SQL) by the rows DuckLake
+    # says it inserted.
+    tools = _tools(12, server="race")
+    tmp_warehouse.upsert(tools[:2])
+    store = tmp_warehouse.store
+    locked = LakeStore.transaction
+    raced = []
+
+    @contextlib.contextmanager
+    def busy(self):  # the lock is always found held by someone else: every write takes the unlocked check
+        yield False
+
+    def race_then_lock(self, held=False):
+        if not raced:  # once: the racing writer's own commit goes through here too
+            raced.append(True)
+            if racer == "upsert":
+                assert tmp_warehouse.upsert(tools[4:8]) == 4
+            else:
+                tmp_warehouse.query("INSERT INTO tools SELECT * FROM tools LIMIT 0")  # a commit listing no keys
+                tmp_warehouse.query("INSERT INTO tools (id, run_id, parents, record) "
+                                    "SELECT $1, NULL, [], CAST($2 AS JSON)",
+                                    [tools[5].id, tools[5].model_dump_json()])
+        return locked(self, held)
+
+    monkeypatch.setattr(FileWriterLock, "try_hold", busy)
+    monkeypatch.setattr(LakeStore, "transaction", race_then_lock)
+    new = store.write_new([_record_batch(tmp_warehouse, tools)])[0]
+    assert new == (12 - 2 - 4 if racer == "upsert" else 12 - 2 - 1)
+    _, rows = tmp_warehouse.query("SELECT count(*), count(DISTINCT id) FROM tools")
+    assert rows == [(12, 12)]
+
+
+def _record_batch(wh, records):
+    from arenaforge.warehouse.db import _RECORD_COLUMNS, _RECORDS
+    from arenaforge.warehouse.rows import KeyedRows
+
+    return KeyedRows("tools", _RECORD_COLUMNS, wh._record_rows(records), ["id"], _RECORDS)

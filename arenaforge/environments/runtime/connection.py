@@ -53,6 +53,7 @@ class WorkerConnection:
         self.sessions: set[str] = set()
         self.loaded: dict[str, Loaded] = {}  # template key -> its zygote on this worker
         self.alive = True
+        self.finished = False  # mark_dead ran: requests in flight were failed
         self.death = ""
         self.probing = False
         self.info: dict[str, Any] = {}
@@ -80,11 +81,22 @@ class WorkerConnection:
                     fut.set_result(msg)
         except Exception as err:  # noqa: BLE001 - whatever broke the stream, the worker is unusable
             why = f"reading from the worker failed: {err!r}"
+        if self.alive:
+            # dead for new requests at once; those in flight fail once its exit status says why (`settled`)
+            self.alive, self.death = False, why
+            ended = await self.transport.ended()
+            why = f"{why} ({ended})" if ended else why
         self.mark_dead(why)
 
+    async def settled(self) -> None:
+        """Once a dead worker's death is known in full (its exit status, read right after its output closed)."""
+        if not self.finished and not self.reader.done():
+            await asyncio.shield(self.reader)
+
     def mark_dead(self, why: str) -> None:
-        if not self.alive:
+        if self.finished:
             return
+        self.finished = True
         self.alive = False
         self.death = why
         for fut in self.pending.values():

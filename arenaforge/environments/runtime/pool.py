@@ -169,6 +169,7 @@ class Pool(WorkerSlots):
             async with self._sem:
                 worker = session.worker
                 if worker is not None and not worker.alive:  # it died between calls: say so once, run nothing
+                    await worker.settled()  # (why it died: its exit status comes just after its output closed)
                     self._detach(session)
                     session.resets += 1
                     raise SessionLost(f"the sandbox worker was replaced ({worker.death}); the session's state was "

@@ -8,9 +8,11 @@ lives in `arenaforge.environments.runtime.pool` (sessions) and `.workers` (worke
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -44,6 +46,9 @@ class Transport(Protocol):
     async def readline(self) -> bytes:
         """One line, or b"" once the worker is gone."""
 
+    async def ended(self) -> str:
+        """After `readline` gave b"": why the worker ended (exit status, its last stderr line), or "" if unknown."""
+
     async def kill(self) -> None: ...
 
 
@@ -66,10 +71,24 @@ class Launcher(Protocol):
 
 
 # --------------------------------------------------------------------------- process backend
+STDERR_LINES = 5  # the worker's last stderr lines, kept to say why it died
+EXIT_WAIT_S = 5.0  # how long a worker that closed its output gets to exit before we say so without its status
+
+
 class ProcessTransport:
     def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
         self.proc = proc
         self.name = name
+        self.stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
+        self.stderr_done = asyncio.get_running_loop().create_task(self._drain_stderr())
+
+    async def _drain_stderr(self) -> None:
+        """Keep the last lines (a worker blocked on a full stderr pipe would stall)."""
+        if self.proc.stderr is None:
+            return
+        while line := await _read_line(self.proc.stderr):
+            if line.strip():
+                self.stderr.append(line.strip()[:500])
 
     def write(self, data: bytes) -> None:
         assert self.proc.stdin is not None
@@ -89,6 +108,17 @@ class ProcessTransport:
             return await self.proc.stdout.readline()
         except (ValueError, asyncio.LimitOverrunError, ConnectionError):
             return b""
+
+    async def ended(self) -> str:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), EXIT_WAIT_S)
+            await asyncio.wait_for(asyncio.shield(self.stderr_done), EXIT_WAIT_S)
+        except asyncio.TimeoutError:
+            pass
+        why = describe_returncode(self.proc.returncode)
+        if self.stderr:
+            why += f"; its last stderr line: {self.stderr[-1].decode(errors='replace')}"
+        return why
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
@@ -137,7 +167,7 @@ class ProcessLauncher:
             *worker_argv(self.python),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,  # its last lines say why it died (sessions never write there)
             env=env,
             cwd=self.scratch_root,
             start_new_session=True,
@@ -148,6 +178,29 @@ class ProcessLauncher:
     async def close(self) -> None:
         if self.scratch_root:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+
+async def _read_line(stream: asyncio.StreamReader) -> bytes:
+    try:
+        return await stream.readline()
+    except ValueError:  # a line past the stream limit: skip it
+        return b"..."
+    except ConnectionError:
+        return b""
+
+
+def describe_returncode(code: int | None) -> str:
+    """A worker's exit status in words; the PID-namespace relay (policy.own_pid_namespace) exits 128+N for signal N."""
+    if code is None:
+        return "it has not exited"
+    if code < 0 or code > 128:
+        number = -code if code < 0 else code - 128
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        return f"it was killed by {name}"
+    return f"it exited with status {code}"
 
 
 def _stdlib_dir(python: str) -> str:
@@ -249,6 +302,9 @@ class DockerTransport:
     @property
     def live(self) -> bool:
         return not (self.eof or self.killed)
+
+    async def ended(self) -> str:
+        return ""  # the engine removes the container (auto_remove): its status is not worth a round trip here
 
     async def kill(self) -> None:
         self.killed = True

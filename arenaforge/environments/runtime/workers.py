@@ -126,12 +126,16 @@ class WorkerSlots:
         if task is None:
             if current is not None:
                 self.replaced += 1
-                log.warning("replacing sandbox worker %s: %s", current.name, current.death)
-                self._background(current.kill(current.death))
+                self._background(self._retire(current))
             task = asyncio.get_running_loop().create_task(self._launch(index))
             self._launching[index] = task
             task.add_done_callback(lambda t, i=index: self._launched(i, t))
         return await asyncio.shield(task)
+
+    async def _retire(self, worker: WorkerConnection) -> None:
+        await worker.settled()
+        log.warning("replacing sandbox worker %s: %s", worker.name, worker.death)
+        await worker.kill(worker.death)
 
     def _launched(self, index: int, task: asyncio.Task[WorkerConnection]) -> None:
         self._launching.pop(index, None)

@@ -103,10 +103,13 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
         raw_tools, raw_servers = generate_corpus(tools, servers, seed)
         out["generate_s"] = round(time.perf_counter() - t0, 2)
 
-        t0 = time.perf_counter()
+        cpu: dict[str, float] = {}  # CPU seconds of this process per stage: waiting for a core does not count
+        out["cpu_s"] = cpu
+        t0, c0 = time.perf_counter(), time.process_time()
         result = finalise(raw_tools, raw_servers, cfg.sft)
         wh.upsert([*result.tools, *result.servers, *result.rejections])
         out["ingest_s"] = round(time.perf_counter() - t0, 2)
+        cpu["ingest"] = round(time.process_time() - c0, 2)
         out["tools_kept"] = len(result.tools)
         out["servers_kept"] = len(result.servers)
 
@@ -122,36 +125,38 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
             by_server.setdefault(t.server, []).append(t)
         async with open_run_scope(cfg, wh, "bench") as run:
             proposer, verifier = chains.EdgeProposer(cfg.sft, run.model), chains.ChainVerifier(cfg.sft, run.model)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             edges, _ = await chains.propose_edges(result.servers, by_server, proposer)
             out["graph_edges_compute_s"] = round(time.perf_counter() - t0, 2)
             t1 = time.perf_counter()
             out["edges"] = tool_graph.save_edges(wh, edges)
             out["graph_edges_write_s"] = round(time.perf_counter() - t1, 2)
             out["graph_build_s"] = round(time.perf_counter() - t0, 2)
+            cpu["graph_build"] = round(time.process_time() - c0, 2)
 
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             graphs = tool_graph.load_graphs(wh, result.servers)
             batch = await chains.sample_chains(result.servers, by_server, graphs, verifier, cfg.sft, seed, "bench",
                                                    run.provenance(seed))
         out["chain_sampling_s"] = round(time.perf_counter() - t0, 2)
+        cpu["chain_sampling"] = round(time.process_time() - c0, 2)
         out["chains"] = len(batch.chains)
         out["verified_chains"] = sum(c.verified for c in batch.chains)
         out["chains_per_s"] = round(len(batch.chains) / max(out["chain_sampling_s"], 1e-9))
 
         subset = [s.name for s in result.servers[:e2e_servers]]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         async with open_run_scope(cfg, wh, "bench-e2e") as run:
             chain_ids, _ = await sft_stages.sample_chains(run, subset, seed + 1)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             task_ids, tc = await sft_stages.synthesize_tasks(run, chain_ids, subset, seed + 1)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             traj_ids, jc = await sft_stages.run_trajectories(run, task_ids, seed + 1)
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.process_time()
             kept, kc = await sft_stages.judge(run, traj_ids)
-            t4 = time.perf_counter()
+            t4, c4 = time.perf_counter(), time.process_time()
             report = await sft_stages.export(run, Path(tmp) / "out")
-            t5 = time.perf_counter()
+            t5, c5 = time.perf_counter(), time.process_time()
         total = t5 - t0
         out["e2e"] = {
             "chains": len(chain_ids), "tasks": tc["tasks"], "accepted_tasks": tc["accepted_tasks"],
@@ -159,6 +164,9 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
             "stage_s": {"chains": round(t1 - t0, 2), "tasks": round(t2 - t1, 2), "trajectories": round(t3 - t2, 2),
                         "judge": round(t4 - t3, 2), "export": round(t5 - t4, 2)},
             "total_s": round(total, 2),
+            "stage_cpu_s": {"chains": round(c1 - c0, 2), "tasks": round(c2 - c1, 2), "trajectories": round(c3 - c2, 2),
+                            "judge": round(c4 - c3, 2), "export": round(c5 - c4, 2)},
+            "total_cpu_s": round(c5 - c0, 2),
             "trajectories_per_min": round(len(traj_ids) / total * 60),
             "achieved_fault_rate": round(jc["faults_injected"] / max(jc["tool_calls"], 1), 4),
             "tool_calls_per_sample": report["tool_calls_per_sample"],

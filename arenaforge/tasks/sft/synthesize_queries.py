@@ -13,6 +13,7 @@ acceptance come from `score_queries`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import random
 import re
@@ -47,8 +48,13 @@ class QueryDraft:
 
 def clause(tool: Tool) -> str:
     """The tool's purpose as an imperative clause: its description's first phrase, lower-cased."""
-    text = tool.function.description.strip()
-    first = _CUT.split(text, maxsplit=1)[0].strip() or humanize(tool.function.name)
+    return _clause(tool.function.description, tool.function.name)
+
+
+@functools.lru_cache(maxsize=65536)  # offline planning looks for every tool's clause in every query it reads
+def _clause(description: str, name: str) -> str:
+    text = description.strip()
+    first = _CUT.split(text, maxsplit=1)[0].strip() or humanize(name)
     first = first[0].lower() + first[1:] if first else first
     if first.lower().startswith(("gets ", "returns ", "retrieves ", "creates ", "lists ", "searches ", "fetches ")):
         first = first.split(" ", 1)[0][:-1].lower() + " " + first.split(" ", 1)[1]

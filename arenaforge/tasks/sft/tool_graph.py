@@ -73,6 +73,7 @@ def _type_of(schema: Any) -> str | None:
 # sampling and the prompts of every vote ask for them thousands of times per server.
 _DERIVED_MAX = 65536
 _OUTPUT_FIELDS: dict[str, tuple[SchemaField, ...]] = {}
+_PARAM_FIELDS: dict[str, tuple[SchemaField, ...]] = {}
 _TOOL_LINES: dict[str, str] = {}
 
 
@@ -108,6 +109,14 @@ def _output_fields(tool: Tool) -> list[SchemaField]:
 
 
 def param_fields(tool: Tool) -> list[SchemaField]:
+    """The tool's parameters (name, type, required), in schema order."""
+    hit = _PARAM_FIELDS.get(tool.id)
+    if hit is None:
+        hit = _remember(_PARAM_FIELDS, tool.id, tuple(_param_fields(tool)))
+    return list(hit)
+
+
+def _param_fields(tool: Tool) -> list[SchemaField]:
     params = tool.function.parameters
     required = set(params.get("required") or [])
     return [SchemaField(n, _type_of(s), n in required) for n, s in (params.get("properties") or {}).items()]

@@ -159,7 +159,7 @@ class GrpoParams(PolicyParams):
 
 # The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
 RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3,
-                          "warmstart_copy_variants": 0, "steps": 12,
+                          "warmstart_copy_variants": 0, "steps": 48,
                           "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 150}
 
 

@@ -75,7 +75,8 @@ def own_pid_namespace() -> None:
     if pid:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)  # killed by signal N: 128+N, as a shell says it
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # (our parent is outside the namespace: getppid() is 0)
     libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
     libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)

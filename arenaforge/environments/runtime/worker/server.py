@@ -52,6 +52,8 @@ class Server(SessionServer):
         self.sel.register(0, selectors.EVENT_READ, None)
         while True:
             for key, events in self.sel.select(self._next_timeout()):
+                if self._gone(key):
+                    continue
                 if key.data is None:
                     self._read_stdin()
                 elif key.data[0] == "t":
@@ -63,6 +65,13 @@ class Server(SessionServer):
             self._reap()
             self._expire()
             self._flush()
+
+    def _gone(self, key: selectors.SelectorKey) -> bool:
+        """Whether `key`'s file was unregistered (and closed) by an event handled earlier in the same turn, e.g. a
+        zygote's channel by an `unload`: its event is stale, and handling it would touch a closed socket. Skipping a
+        live one (its fd number reused meanwhile) costs nothing: readiness is level-triggered, the next turn has it."""
+        current = self.sel.get_map().get(key.fd)
+        return current is None or current.fileobj is not key.fileobj
 
     def reply(self, msg: dict) -> None:
         if msg.get("id") is not None:
