@@ -36,7 +36,7 @@ def test_envs_on_a_two_node_ray_cluster_matches_the_thread_runner(prefect_server
 
     def run(db: Path, runner: dict) -> dict:
         params = EnvsParams(
-            sources=["sample"], n=6, seed=0, batch_size=2, merge_across=False,  # parallel batches merge apart
+            sources=["sample"], n=6, seed=0, batch_size=2,
             overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": scripted_openai.url,
                        "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
                        "sandbox.backend": "process", "sandbox.process_allows_model_code": True, **runner})

@@ -55,8 +55,9 @@ class EnvsSpec(BaseModel):
     distractors_low: int = Field(default=1, ge=0, le=20)
     merge: bool = True
     merge_across: bool = Field(
-        default=True, description="Merge each batch against the tools of the run's earlier batches and of earlier runs "
-                                  "in the warehouse (False: within each batch only).")
+        default=False, description="Merge each batch against the tools of the run's earlier batches and of earlier "
+                                   "runs in the warehouse, in synthesis order (False: within each batch only, as "
+                                   "before; batches read back in id order).")
     batch_size: int = Field(default=400, ge=1, description="QA instances per environment-building batch.")
     pipeline: Literal["batch", "stream"] = Field(
         default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
@@ -121,8 +122,9 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
         return {"environments": 0}
     seed = run.cfg.seed if spec.seed is None else spec.seed
     instances = await asyncio.to_thread(lookups.by_ids, run.wh, QAInstance, qa_ids)
-    order = {qa_id: k for k, qa_id in enumerate(qa_ids)}  # in synthesis order: batches in a row merge as one batch
-    instances.sort(key=lambda qa: order[qa.id])
+    if spec.merge_across:  # in synthesis order: batches in a row merge as one batch
+        order = {qa_id: k for k, qa_id in enumerate(qa_ids)}
+        instances.sort(key=lambda qa: order[qa.id])
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     return await _build(run, spec, instances, sources, seed, embed, timings if timings is not None else {})
 
@@ -172,7 +174,8 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
         if spec.merge and (len(drafts) > 1 or (spec.merge_across and drafts)):
             index = merge_index(run) if spec.merge_across else None
             merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id, index=index)
-            drafts, merges, candidates, new_groups = merged.drafts, merged.merges, merged.candidates, merged.new_groups
+            drafts, merges, new_groups = merged.drafts, merged.merges, merged.new_groups
+            candidates = merged.candidates if spec.merge_across else []  # what later batches and runs merge against
     clock.lap("merge_s")
     chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed)
     clock.lap("distractors_s")

@@ -27,7 +27,7 @@ def _run(db: Path, run_id: str, **spec: object) -> dict[str, int]:
 
     async def go() -> dict[str, int]:
         async with open_run_scope(cfg, Warehouse(db), run_id) as run:
-            return await run_envs(run, EnvsSpec(sources=["sample"], **spec))
+            return await run_envs(run, EnvsSpec(sources=["sample"], **{"merge_across": True, **spec}))
 
     return asyncio.run(go())
 
