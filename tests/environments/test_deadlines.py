@@ -189,8 +189,8 @@ async def _hog_on_cpu0(worker, session_pid: int):
                 os.kill(pid, signal.SIGKILL)
         if container is None:
             hog.wait()
-        if lowered:
-            with open(autogroup, "w") as fh:
+        if lowered:  # the session may be gone by now (a timed-out call's session is killed): nothing to restore
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(autogroup, "w") as fh:
                 fh.write("0")
 
 
