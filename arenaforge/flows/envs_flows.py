@@ -73,6 +73,10 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
     batches = chunks(qa_ids, params.batch_size)
     bar = progress("envs-batches", len(batches), "environment batches built")
     if scope.cfg.runner.kind == "ray":
+        if params.merge and params.merge_across and len(batches) > 1:
+            # the workers build the batches at once: none can merge against the groups of the ones before it
+            raise ConfigError("runner.kind = ray builds batches in parallel: set merge_across = false "
+                              "(merging within each batch) or use one batch")
         for result in await _batches_on_ray(scope, params, batches):
             for key, value in result.items():
                 counts[key] = counts.get(key, 0) + value

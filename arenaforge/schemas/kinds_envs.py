@@ -7,11 +7,12 @@ traced back (parents = the QA / environment ids it judged).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from arenaforge.schemas.base import Frozen, Record
+from arenaforge.schemas.models import FunctionDoc, GoldCall
 from arenaforge.schemas.registry import register
 
 
@@ -61,6 +62,39 @@ class EnvMerge(Record):
     merged: bool = Field(description="False when re-verification failed and the tools were kept apart.")
     rows: int = Field(default=0, ge=0, description="Mock-data rows of the merged tool.")
     reasons: list[str] = Field(default_factory=list)
+
+
+class MergeProbe(Frozen):
+    arguments: dict[str, Any]
+    answer: str | None = Field(default=None, description="What the source gives for these arguments (None: any but gold).")
+
+
+@register
+class MergeCandidate(Record):
+    """One sandbox-verified tool of a QA's draft as merging saw it, and its place in the merge groups.
+
+    Written with its window's environments. A later window or run looks candidates up by signature
+    (`lookups.merge_candidates`) and goes on with the greedy grouping where it stopped, so it makes the
+    merges a batch merge over all of them would (docs/ENVS.md, merging)."""
+
+    KIND = "merge_candidate"
+    ID_PREFIX = "mcand"
+    TABLE = "merge_candidates"
+
+    qa_id: str
+    env_id: str = Field(description="The QA's environment before merging (as in `MergeMember`).")
+    group: str = Field(description="Its group of equivalent tools: '<qa_id>/<tool>' of the group's first tool.")
+    subset: str = Field(description="Its greedy subset (members whose gold answers do not collide): its first tool's key.")
+    position: int = Field(ge=0, description="Order of arrival in the group.")
+    served_by: int = Field(default=0, ge=0, description="Members of its subset the merged tool in its environment was "
+                                                        "built from (the first ones); 0: it kept its own tool.")
+    signature: str
+    doc: FunctionDoc
+    source: str
+    data: Any = None
+    calls: list[GoldCall] = Field(default_factory=list)
+    probes: list[MergeProbe] = Field(default_factory=list)
+    origin: str = "offline"
 
 
 class DistractorPick(Frozen):

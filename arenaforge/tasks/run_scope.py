@@ -31,6 +31,7 @@ class RunScope:
     _own_pool: bool = field(default=False, repr=False)
     _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _sources: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
+    merge_index: Any = field(default=None, repr=False)  # the envs track's merge groups (pipeline.merge_index)
 
     async def sandbox(self) -> Any:
         """The run's sandbox pool (started on first use, shared by every stage of the run)."""

@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.kinds_envs import MergeCandidate
 from arenaforge.schemas.models import Server, Tool
 from arenaforge.warehouse.db import Warehouse
 
@@ -19,6 +20,18 @@ def by_ids(wh: Warehouse, model: type[R], ids: Sequence[str]) -> list[R]:
         return []
     _, rows = wh.query(f"SELECT record FROM {model.TABLE} WHERE list_contains(?, id) ORDER BY id", [list(ids)])
     return [model.model_validate_json(r[0]) for r in rows]
+
+
+def merge_candidates(wh: Warehouse, signatures: Sequence[str]) -> list[MergeCandidate]:
+    """Every merge candidate of the groups holding a tool with one of these signatures, each group in arrival
+    order (a tool seen by several runs comes once per run: the caller keeps the first)."""
+    if not signatures:
+        return []
+    _, rows = wh.query("SELECT record FROM merge_candidates WHERE record->>'group' IN "
+                       "(SELECT record->>'group' FROM merge_candidates WHERE list_contains(?, record->>'signature')) "
+                       "ORDER BY record->>'group', CAST(record->>'position' AS INTEGER), created_at, id",
+                       [list(signatures)])
+    return [MergeCandidate.model_validate_json(r[0]) for r in rows]
 
 
 def servers_with_tools(wh: Warehouse, names: Sequence[str] | None = None) -> tuple[list[Server], dict[str, list[Tool]]]:

@@ -33,6 +33,9 @@ def synth(
     distractors: str = typer.Option("1,1,1", help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
     max_attempts: int = typer.Option(2, help="Regenerations of a tool that fails sandbox verification."),
     merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge functionally equivalent tools."),
+    merge_across: bool = typer.Option(False, "--merge-across/--merge-within",
+                                      help="Merge each batch (stream window) against earlier batches and earlier "
+                                      "runs' tools in the warehouse, in synthesis order (default: within each batch)."),
     batch_size: int = typer.Option(400, help="QA instances per environment-building batch."),
     pipeline: str = typer.Option("batch", help="batch (stage by stage) or stream (each QA moves on when ready; "
                                  "threshold keep rule only)."),
@@ -53,7 +56,7 @@ def synth(
             sources=source, n=n, min_hops=min_hops, max_hops=max_hops,
             **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
             keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
-            distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge,
+            distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge, merge_across=merge_across,
             batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
             overrides=st.overrides)
     except ValueError as err:

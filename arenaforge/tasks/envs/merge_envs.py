@@ -11,18 +11,24 @@ member's document and code and the union of every member's mock data. Every QA t
 serves is re-verified in the sandbox (its gold calls still answer; its probes and the other
 members' gold calls do not return its answer); if any fails, the members keep their own tools
 and the `EnvMerge` row says why.
+
+Merging is incremental: a `MergeIndex` holds every group and subset seen so far (a run's earlier batches or
+windows, and earlier runs' `MergeCandidate` rows looked up by signature), and each batch goes on with the greedy
+placement where the last one stopped; see docs/ENVS.md, "Merging across batches, windows and runs".
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from arenaforge.environments.reward import answer_matches, gold_call_passes
 from arenaforge.schemas.errors import ParseError, ProviderError
-from arenaforge.schemas.kinds_envs import EnvMerge, MergeMember
+from arenaforge.schemas.kinds_envs import EnvMerge, MergeCandidate, MergeMember, MergeProbe
+from arenaforge.tasks.envs.tool_data import Probe
 from arenaforge.tasks.envs.tool_impl import BuildError, EnvDraft, ToolImpl, merge_data
 from arenaforge.tasks.models import ChatModel, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
@@ -70,6 +76,8 @@ class ToolGrouper:
 class MergeResult:
     drafts: list[EnvDraft]
     merges: list[EnvMerge]
+    candidates: list[MergeCandidate] = field(default_factory=list)  # the window's tools, for later windows and runs
+    new_groups: int = 0  # merged subsets that reached two members in this window (the others grew)
 
 
 def _collides(a: ToolImpl, b: ToolImpl) -> bool:
@@ -82,17 +90,86 @@ def _collides(a: ToolImpl, b: ToolImpl) -> bool:
     return False
 
 
-def _partition(group: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolImpl]]]:
-    """Greedy subsets of one draft each whose gold answers and records do not collide."""
-    subsets: list[list[tuple[int, ToolImpl]]] = []
-    for item in group:
-        for subset in subsets:
-            if all(i != item[0] and not _collides(t, item[1]) for i, t in subset):
-                subset.append(item)
-                break
-        else:
-            subsets.append([item])
-    return [s for s in subsets if len(s) >= 2]
+@dataclass
+class _Member:
+    key: str  # "<qa_id>/<tool>"
+    qa_id: str
+    tool: ToolImpl
+    owner: MergeMember
+    position: int
+
+
+@dataclass
+class _Group:
+    """Equivalent tools in arrival order, cut greedily into subsets whose gold answers and records do not collide."""
+
+    key: str
+    signature: str
+    subsets: list[list[_Member]] = field(default_factory=list)
+    size: int = 0
+
+    def place(self, member: _Member) -> list[_Member]:
+        for subset in self.subsets:
+            if all(m.qa_id != member.qa_id and not _collides(m.tool, member.tool) for m in subset):
+                subset.append(member)
+                return subset
+        self.subsets.append([member])
+        return self.subsets[-1]
+
+
+class MergeIndex:
+    """The merge groups of every tool merging has seen: a run's earlier windows, and (through `load`, by
+    signature) earlier runs' tools from the warehouse. Windows merged in order against it get the groups a
+    batch merge of all their tools in that order gets: the greedy placement only ever appends."""
+
+    def __init__(self, load: Callable[[list[str]], Awaitable[list[MergeCandidate]]] | None = None) -> None:
+        self.groups: dict[str, _Group] = {}
+        self.served: dict[str, int] = {}  # member key -> members of its subset its merged tool was built from
+        self.where: dict[str, tuple[_Group, list[_Member]]] = {}
+        self.load = load
+        self.looked_up: set[str] = set()
+
+    def add(self, rows: list[MergeCandidate]) -> None:
+        """Candidates read back from the warehouse (a member already known is skipped)."""
+        for row in sorted(rows, key=lambda r: (r.group, r.position)):
+            key = f"{row.qa_id}/{row.doc.name}"
+            if key in self.where:
+                continue
+            group = self.groups.setdefault(row.group, _Group(row.group, row.signature))
+            tool = ToolImpl(row.doc, row.source, row.data, row.signature, list(row.calls),
+                            [Probe(p.arguments, p.answer) for p in row.probes], row.origin)
+            member = _Member(key, row.qa_id, tool, MergeMember(env_id=row.env_id, qa_id=row.qa_id, tool=row.doc.name),
+                             row.position)
+            subset = next((s for s in group.subsets if s[0].key == row.subset), None)
+            if subset is None:
+                group.subsets.append(subset := [])
+            subset.append(member)
+            group.size = max(group.size, row.position + 1)
+            self.where[key] = (group, subset)
+            self.served[key] = row.served_by
+        for group in self.groups.values():
+            group.subsets.sort(key=lambda s: s[0].position)
+
+    async def lookup(self, signatures: set[str]) -> None:
+        wanted = sorted(signatures - self.looked_up)
+        if self.load is not None and wanted:
+            self.add(await self.load(wanted))
+        self.looked_up |= set(wanted)
+
+
+def _merged_tool(members: list[_Member]) -> ToolImpl:
+    """The first member's document and code over the union of every member's data (raises BuildError)."""
+    first = members[0].tool
+    data = first.data
+    for m in members[1:]:
+        data = merge_data(data, m.tool.data)
+    return replace(first, data=_without_foreign_answers(data, [m.tool for m in members]))
+
+
+def _served(merged: ToolImpl, tool: ToolImpl) -> ToolImpl:
+    """The merged tool as one member's environment has it: that member's gold calls and probes."""
+    return replace(merged, calls=[c.model_copy(update={"tool": merged.name}) for c in tool.calls],
+                   probes=list(tool.probes))
 
 
 def _without_foreign_answers(data: Any, members: list[ToolImpl]) -> Any:
@@ -149,33 +226,90 @@ async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolI
 
 
 async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDraft], run_id: str | None = None,
-                             concurrency: int = 64) -> MergeResult:
-    tools = [(i, t) for i, d in enumerate(drafts) for t in d.tools]
-    groups = [s for g in await grouper.groups(tools) for s in _partition(g)]
-    current = list(drafts)
-    merges: list[EnvMerge] = []
-    sem = asyncio.Semaphore(concurrency)
+                             concurrency: int = 64, index: MergeIndex | None = None) -> MergeResult:
+    """Merge one window's drafts against `index` (a fresh one: the window alone, as a batch merge).
 
+    A window's tool that joins a subset gets the merged tool of the whole subset so far; earlier members keep
+    the environments they were written with (a smaller merged tool: the same document and code over the
+    data of the members before them). Every subset that grew is re-verified over all its members; its
+    `EnvMerge` row names them all. A tool the index already holds (a re-run) gets back the merged tool it
+    was served before, and nothing is re-verified or re-written."""
+    index = index if index is not None else MergeIndex()
+    current = list(drafts)
+    tools = [(i, t) for i, d in enumerate(drafts) for t in d.tools]
+    await index.lookup({t.signature for _, t in tools})
+    new = [(i, t) for i, t in tools if f"{drafts[i].qa.id}/{t.name}" not in index.where]
+    for i, t in tools:  # seen before: the same tool as then
+        key = f"{drafts[i].qa.id}/{t.name}"
+        if key in index.where and index.served.get(key, 0) >= 2:
+            subset = index.where[key][1][: index.served[key]]
+            try:
+                own = _served(_merged_tool(subset), t)
+            except BuildError:
+                continue
+            d = current[i]
+            current[i] = EnvDraft(d.qa, [own if x.name == t.name else x for x in d.tools], d.attempt)
+    if not new:
+        return MergeResult(current, [])
+    # the known groups of the window's signatures, each by its first tool, are listed with the window's tools
+    known = [g for g in index.groups.values() if g.signature in {t.signature for _, t in new}]
+    offset = len(drafts)
+    listing = new + [(offset + k, g.subsets[0][0].tool) for k, g in enumerate(known)]
+    found = await grouper.groups(listing)
+    grouped: set[tuple[int, str]] = set()
+    touched: list[tuple[_Group, list[_Member], list[tuple[int, _Member]]]] = []  # (group, subset, new members)
+
+    def join(group: _Group, i: int, t: ToolImpl) -> None:
+        key = f"{drafts[i].qa.id}/{t.name}"
+        member = _Member(key, drafts[i].qa.id, t,
+                         MergeMember(env_id=drafts[i].environment().id, qa_id=drafts[i].qa.id, tool=t.name), group.size)
+        group.size += 1
+        subset = group.place(member)
+        index.where[key] = (group, subset)
+        entry = next((e for e in touched if e[1] is subset), None)
+        if entry is None:
+            touched.append(entry := (group, subset, []))
+        entry[2].append((i, member))
+
+    for members in found:
+        target = next((known[i - offset] for i, _ in members if i >= offset), None)
+        fresh = [(i, t) for i, t in members if i < offset and (i, t.name) not in grouped]
+        if not fresh:
+            continue
+        if target is None:
+            first_i, first_t = fresh[0]
+            target = index.groups.setdefault(f"{drafts[first_i].qa.id}/{first_t.name}",
+                                             _Group(f"{drafts[first_i].qa.id}/{first_t.name}", first_t.signature))
+        for i, t in fresh:
+            grouped.add((i, t.name))
+            join(target, i, t)
+    for i, t in new:  # alone for now: a later window's equivalent tool may join it
+        if (i, t.name) not in grouped:
+            join(index.groups.setdefault(f"{drafts[i].qa.id}/{t.name}", _Group(f"{drafts[i].qa.id}/{t.name}", t.signature)),
+                 i, t)
+    # order the touched subsets as the groups and their subsets stand
+    rank = {key: k for k, key in enumerate(index.groups)}
+    order = {id(s): (rank[g.key], g.subsets.index(s)) for g, s, _ in touched}
+    touched.sort(key=lambda e: order[id(e[1])])
+
+    sem = asyncio.Semaphore(concurrency)
     plans = []
-    for subset in groups:
-        first = subset[0][1]
+    for _, subset, fresh in touched:
+        if len(subset) < 2:
+            continue
         try:
-            data = first.data
-            for _, t in subset[1:]:
-                data = merge_data(data, t.data)
+            merged_tool = _merged_tool(subset)
         except BuildError as err:
             plans.append((subset, None, [], [str(err)]))
             continue
-        merged_tool = replace(first, data=_without_foreign_answers(data, [t for _, t in subset]))
         candidates = []
-        for i, t in subset:
-            calls = [c.model_copy(update={"tool": first.name}) for c in t.calls]
-            own = replace(merged_tool, calls=calls, probes=list(t.probes))
-            new_tools = [own if x.name == t.name else x for x in current[i].tools]
+        for i, m in fresh:
+            own = _served(merged_tool, m.tool)
+            new_tools = [own if x.name == m.tool.name else x for x in current[i].tools]
             if len({x.name for x in new_tools}) != len(new_tools):
                 candidates = []
                 break
-            candidates.append((i, EnvDraft(current[i].qa, new_tools, current[i].attempt), None, t.name, own))
+            candidates.append((i, m, own))
         plans.append((subset, merged_tool, candidates, [] if candidates else ["merged tool name clashes in an environment"]))
 
     async def verify(plan: Any) -> list[str]:
@@ -183,19 +317,33 @@ async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDr
         if merged_tool is None or not candidates:
             return reasons
         async with sem:
-            return await check_merged(pool, merged_tool, [(current[c[0]].qa.id, c[4]) for c in candidates])
+            return await check_merged(pool, merged_tool, [(m.qa_id, _served(merged_tool, m.tool)) for m in subset])
 
     verdicts = await asyncio.gather(*(verify(p) for p in plans))
+    merges: list[EnvMerge] = []
+    new_groups = 0
     for (subset, merged_tool, candidates, _), failures in zip(plans, verdicts, strict=True):
         ok = merged_tool is not None and bool(candidates) and not failures
-        members = [MergeMember(env_id=drafts[i].environment().id, qa_id=drafts[i].qa.id, tool=t.name) for i, t in subset]
+        members = [m.owner for m in subset]
         rows = len(merged_tool.data) if merged_tool is not None and hasattr(merged_tool.data, "__len__") else 0
-        merges.append(EnvMerge(signature=subset[0][1].signature, merged_tool=subset[0][1].name, members=members,
+        merges.append(EnvMerge(signature=subset[0].tool.signature, merged_tool=subset[0].tool.name, members=members,
                                method=grouper.method, merged=ok, rows=rows,  # type: ignore[arg-type]
                                reasons=[] if ok else failures[:5], parents=[m.qa_id or m.env_id for m in members],
                                run_id=run_id))
         if ok:  # swap in the merged tool (other merges may already have changed other tools of the draft)
-            for i, _, _, old_name, own in candidates:
+            new_groups += len(subset) - len(candidates) < 2
+            for i, m, own in candidates:
+                index.served[m.key] = len(subset)
                 d = current[i]
-                current[i] = EnvDraft(d.qa, [own if x.name == old_name else x for x in d.tools], d.attempt)
-    return MergeResult(current, merges)
+                current[i] = EnvDraft(d.qa, [own if x.name == m.tool.name else x for x in d.tools], d.attempt)
+    rows_out = []
+    for i, t in new:
+        key = f"{drafts[i].qa.id}/{t.name}"
+        group, subset = index.where[key]
+        m = next(x for x in subset if x.key == key)
+        rows_out.append(MergeCandidate(
+            qa_id=m.qa_id, env_id=m.owner.env_id, group=group.key, subset=subset[0].key, position=m.position,
+            served_by=index.served.get(key, 0), signature=t.signature, doc=t.doc, source=t.source, data=t.data,
+            calls=list(t.calls), probes=[MergeProbe(arguments=p.arguments, answer=p.answer) for p in t.probes],
+            origin=t.origin, parents=[m.qa_id], run_id=run_id))
+    return MergeResult(current, merges, rows_out, new_groups)

@@ -14,6 +14,7 @@ directly. Every stage is a coroutine over the run's `RunScope` (its model and sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -25,7 +26,7 @@ from arenaforge.tasks.envs.check_env import self_test
 from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, choose_distractors
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
-from arenaforge.tasks.envs.merge_envs import ToolGrouper, merge_environments
+from arenaforge.tasks.envs.merge_envs import MergeIndex, ToolGrouper, merge_environments
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import EnvDraft, assemble
 from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, judge_one, verify_batch
@@ -53,6 +54,10 @@ class EnvsSpec(BaseModel):
     distractors_medium: int = Field(default=1, ge=0, le=20)
     distractors_low: int = Field(default=1, ge=0, le=20)
     merge: bool = True
+    merge_across: bool = Field(
+        default=False, description="Merge each batch against the tools of the run's earlier batches and of earlier "
+                                   "runs in the warehouse, in synthesis order (False: within each batch only, as "
+                                   "before; batches read back in id order).")
     batch_size: int = Field(default=400, ge=1, description="QA instances per environment-building batch.")
     pipeline: Literal["batch", "stream"] = Field(
         default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
@@ -117,6 +122,9 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
         return {"environments": 0}
     seed = run.cfg.seed if spec.seed is None else spec.seed
     instances = await asyncio.to_thread(lookups.by_ids, run.wh, QAInstance, qa_ids)
+    if spec.merge_across:  # in synthesis order: batches in a row merge as one batch
+        order = {qa_id: k for k, qa_id in enumerate(qa_ids)}
+        instances.sort(key=lambda qa: order[qa.id])
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     return await _build(run, spec, instances, sources, seed, embed, timings if timings is not None else {})
 
@@ -140,14 +148,34 @@ async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sou
     return await finish_environments(run, spec, pool, drafts, rejections, seed, embed, clock)
 
 
+def merge_index(run: RunScope) -> MergeIndex:
+    """The run's merge groups, shared by its batches (windows), looking earlier runs' tools up in the warehouse."""
+    if run.merge_index is None:
+        async def load(signatures: list[str]) -> list[Any]:
+            return await asyncio.to_thread(lookups.merge_candidates, run.wh, signatures)
+
+        run.merge_index = MergeIndex(load)
+    return run.merge_index
+
+
 async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: list[EnvDraft],
                               rejections: list[Rejection], seed: int, embed: Embedder | None,
-                              clock: Clock) -> dict[str, int]:
-    """Merging, distractors and self-test over one batch's verified drafts; writes its records and `rejections`."""
-    merges = []
-    if spec.merge and len(drafts) > 1:
-        merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id)
-        drafts, merges = merged.drafts, merged.merges
+                              clock: Clock, merge_turn: contextlib.AbstractAsyncContextManager[Any] | None = None
+                              ) -> dict[str, int]:
+    """Merging, distractors and self-test over one batch's verified drafts; writes its records and `rejections`.
+
+    With `spec.merge_across`, the batch merges against the run's merge index, inside `merge_turn` (the
+    streaming pipeline's: its windows merge one at a time, in order)."""
+    merges: list[Any] = []
+    candidates: list[Any] = []
+    new_groups = 0
+    async with merge_turn or contextlib.nullcontext():
+        clock.lap("merge_wait_s")  # for the turn of the windows before (stream)
+        if spec.merge and (len(drafts) > 1 or (spec.merge_across and drafts)):
+            index = merge_index(run) if spec.merge_across else None
+            merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id, index=index)
+            drafts, merges, new_groups = merged.drafts, merged.merges, merged.new_groups
+            candidates = merged.candidates if spec.merge_across else []  # what later batches and runs merge against
     clock.lap("merge_s")
     chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed)
     clock.lap("distractors_s")
@@ -182,10 +210,14 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
         envs.append(final)
         dsets.append(DistractorSet(env_id=final.id, mix=spec.mix().as_dict(), picks=picks, parents=[final.id, draft.qa.id],
                                    run_id=run.run_id))
-    await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + stamp(rejections, run.run_id))
+    await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + candidates + stamp(rejections, run.run_id))
     clock.lap("write_s")
-    return {"environments": len(envs), "env_rejections": len(rejections), "merges": sum(m.merged for m in merges),
-            "merges_refused": sum(not m.merged for m in merges), "distractor_sets": len(dsets)}
+    done = sum(m.merged for m in merges)  # a group that grew counts once: where it first merged
+    counts = {"environments": len(envs), "env_rejections": len(rejections), "merges": new_groups,
+              "merges_refused": sum(not m.merged for m in merges), "distractor_sets": len(dsets)}
+    if done - new_groups:
+        counts["merges_grown"] = done - new_groups
+    return counts
 
 
 class Clock:

@@ -18,7 +18,8 @@ Same results as the batch pipeline (`synthesize_qas` then `build_environments` p
 `batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order. The
 windows are the batch pipeline's chunks: kept QAs in synthesis order (sources in turn, each source's
 planned decompositions in order, a repeated instance at its first place), cut every `batch_size`, each
-ordered by id and grouped by source. A window is cut by walking the decompositions in that order as they
+grouped by source (by id within a source, as the batch pipeline reads a chunk back, unless
+`merge_across` keeps synthesis order). A window is cut by walking the decompositions in that order as they
 resolve. The percentile keep rule needs the whole batch's scores before anything is kept, so `EnvsSpec`
 refuses it with stream.
 """
@@ -26,7 +27,9 @@ refuses it with stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
@@ -91,10 +94,11 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
     return counts
 
 
-def _batch_order(chunk: list[QAInstance]) -> list[str]:
-    """A chunk's QA ids as the batch pipeline meets them: by id (its warehouse read), grouped by source."""
+def _batch_order(chunk: list[QAInstance], synthesis_order: bool) -> list[str]:
+    """A chunk's QA ids as the batch pipeline meets them, grouped by source: in synthesis order when merging
+    across batches, else by id (its warehouse read)."""
     by_source: dict[str, list[str]] = {}
-    for qa in sorted(chunk, key=lambda q: q.id):
+    for qa in (chunk if synthesis_order else sorted(chunk, key=lambda q: q.id)):
         by_source.setdefault(qa.source, []).append(qa.id)
     return [i for ids in by_source.values() for i in ids]
 
@@ -114,6 +118,8 @@ class _Stream:
         self.paths: dict[str, asyncio.Future[bool]] = {}  # per instance id: judged, and kept or not
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
+        self.merged_windows = 0  # windows merged so far: each merges against the ones before it, in order
+        self.merge_turns = asyncio.Condition()
         self.qa_rejections = 0
         self.started = self.tools_done_at = self.last_window_at = time.perf_counter()
 
@@ -190,12 +196,26 @@ class _Stream:
             self.mark(f"window{number}_tools_s")
             rejected = [r for r in outcomes.values() if isinstance(r, Rejection)]
             self.writer.add(stamp(rejected, self.run.run_id))
-            drafts = [d for i in _batch_order(window) if isinstance(d := outcomes[i], EnvDraft)]
+            across = self.spec.merge and self.spec.merge_across
+            drafts = [d for i in _batch_order(window, across) if isinstance(d := outcomes[i], EnvDraft)]
             result = await finish_environments(self.run, self.spec, await self.pool_started, drafts, [], self.seed,
-                                               self.embed, Clock(self.timings))
+                                               self.embed, Clock(self.timings),
+                                               self.merge_turn(number) if across else None)
         result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
         self.mark(f"window{number}_done_s")
         return result
+
+    @contextlib.asynccontextmanager
+    async def merge_turn(self, number: int) -> AsyncIterator[None]:
+        """Window `number`'s merging, once every window before it has merged (the batch pipeline's order)."""
+        async with self.merge_turns:
+            await self.merge_turns.wait_for(lambda: self.merged_windows == number - 1)
+        try:
+            yield
+        finally:
+            async with self.merge_turns:
+                self.merged_windows += 1
+                self.merge_turns.notify_all()
 
     def mark(self, name: str) -> None:
         """A window's milestone in `timings`: seconds since the run started."""

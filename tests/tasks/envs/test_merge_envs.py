@@ -95,3 +95,47 @@ def test_model_grouper_over_http(sample, scripted_openai) -> None:
         drafts, result = asyncio.run(_drafts_and_merge(sample, instances, ToolGrouper(model)))
     assert result.merges and all(m.method == "model" for m in result.merges)
     assert "Group functionally equivalent tools" in scripted_openai.chat_requests()[0]["messages"][0]["content"]
+
+
+def test_windows_against_one_index_make_the_batch_merges_groups(sample) -> None:
+    from arenaforge.tasks.envs.merge_envs import MergeIndex
+
+    spec = QASpec(n=24, structures=("single_hop", "multi_hop"), max_hops=2, seed=0)
+    instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances
+
+    async def go():
+        pool = await create_pool(sandbox_cfg())
+        try:
+            drafts = (await synthesize_environments(ToolBuilder(offline_model(), sample), pool, instances, 1)).drafts
+            batch = await merge_environments(ToolGrouper(offline_model()), pool, drafts, run_id="r")
+            index, windows = MergeIndex(), []
+            for k in range(0, len(drafts), 4):
+                windows.append(await merge_environments(ToolGrouper(offline_model()), pool, drafts[k:k + 4], "r",
+                                                        index=index))
+            return batch, windows
+        finally:
+            await pool.shutdown()
+
+    batch, windows = asyncio.run(go())
+
+    from tests.tasks.envs.test_merge_across import _final as groups
+
+    window_merges = [m for w in windows for m in w.merges]
+    assert groups(window_merges) == groups(batch.merges) and len(groups(batch.merges)) >= 2
+    assert sum(w.new_groups for w in windows) == batch.new_groups == sum(m.merged for m in batch.merges)
+    assert any(len(m.members) > 2 for m in window_merges if m.merged), "groups grew across windows"
+    # each group's final row is the batch's row (members, merged tool, rows); a member that joined last has the
+    # batch's draft, the earlier ones keep the merged tool of their window
+    finals = {(r.merged_tool, frozenset(m.qa_id for m in r.members)): r for r in window_merges if r.merged}
+    for row in batch.merges:
+        if row.merged:
+            same = finals[(row.merged_tool, frozenset(m.qa_id for m in row.members))]
+            assert (same.members, same.merged_tool, same.rows) == (row.members, row.merged_tool, row.rows)
+    batch_drafts = {d.qa.id: d for d in batch.drafts}
+    for w in windows:
+        for d in w.drafts:
+            for row in batch.merges:
+                if row.merged and row.members[-1].qa_id == d.qa.id:
+                    tool = [t for t in d.tools if t.name == row.merged_tool]
+                    assert tool and tool == [t for t in batch_drafts[d.qa.id].tools if t.name == row.merged_tool]
+    assert len({c.id for w in windows for c in w.candidates}) == sum(len(d.tools) for d in batch.drafts)

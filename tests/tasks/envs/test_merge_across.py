@@ -1,0 +1,88 @@
+"""Merging against everything already merged: a run's later windows and a later run join earlier groups.
+
+Offline provider, process sandbox, a real DuckDB warehouse per test. The merge groups are read back from
+`env_merges`: a group that grew has one row per size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from arenaforge.schemas.config import load_config
+from arenaforge.schemas.kinds_envs import EnvMerge
+from arenaforge.schemas.models import Environment
+from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tasks.envs.stream import run_envs
+from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.warehouse import Warehouse
+
+TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "merge_candidates", "distractor_sets",
+          "rejections"]
+
+
+def _run(db: Path, run_id: str, **spec: object) -> dict[str, int]:
+    cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": "process",
+                                       "model.backend": "offline"})
+
+    async def go() -> dict[str, int]:
+        async with open_run_scope(cfg, Warehouse(db), run_id) as run:
+            return await run_envs(run, EnvsSpec(sources=["sample"], **{"merge_across": True, **spec}))
+
+    return asyncio.run(go())
+
+
+def _groups(db: Path) -> set[tuple[str, frozenset[str]]]:
+    """Each merged tool and the QA ids it serves (the largest row of a group that grew)."""
+    return _final(Warehouse(db).load(EnvMerge))
+
+
+def _final(merges: list[EnvMerge]) -> set[tuple[str, frozenset[str]]]:
+    """A group is its merged tool and first member; a group that grew keeps its largest row."""
+    largest: dict[tuple[str, str | None], EnvMerge] = {}
+    for row in merges:
+        key = (row.merged_tool, row.members[0].qa_id)
+        if row.merged and (key not in largest or len(row.members) > len(largest[key].members)):
+            largest[key] = row
+    return {(row.merged_tool, frozenset(m.qa_id for m in row.members)) for row in largest.values()}
+
+
+def _ids(db: Path) -> dict[str, list[str]]:
+    wh = Warehouse(db)
+    return {t: [r[0] for r in wh.query(f"SELECT id FROM {t} ORDER BY id")[1]] for t in TABLES}
+
+
+def test_windows_merge_as_one_window_and_a_rerun_adds_nothing(tmp_path: Path) -> None:
+    whole = _run(tmp_path / "one.duckdb", "r", n=24, seed=0, batch_size=400, pipeline="stream")
+    windows = _run(tmp_path / "windows.duckdb", "r", n=24, seed=0, batch_size=5, pipeline="stream")
+    apart = _run(tmp_path / "apart.duckdb", "r", n=24, seed=0, batch_size=5, pipeline="stream", merge_across=False)
+    assert whole["merges"] > apart["merges"], "windows of 5 merged apart miss merges the one window makes"
+    assert windows["merges"] == whole["merges"] and windows.get("merges_grown", 0) > 0
+    assert _groups(tmp_path / "windows.duckdb") == _groups(tmp_path / "one.duckdb")
+    # a later window's member serves its QA with the merged tool: the first member's tool, over more data
+    wh = Warehouse(tmp_path / "windows.duckdb")
+    envs = {e.qa_id: e for e in wh.load(Environment)}
+    grown = max((r for r in wh.load(EnvMerge) if r.merged), key=lambda r: len(r.members))
+    last = envs[grown.members[-1].qa_id]
+    assert grown.merged_tool in last.initial_state and len(last.initial_state[grown.merged_tool]) == grown.rows
+
+    before = _ids(tmp_path / "windows.duckdb")
+    again = _run(tmp_path / "windows.duckdb", "r", n=24, seed=0, batch_size=5, pipeline="stream")
+    assert _ids(tmp_path / "windows.duckdb") == before, "a re-run writes nothing new"
+    assert again["environments"] == windows["environments"]
+
+
+def test_a_second_runs_equivalent_tool_joins_the_first_runs_group(tmp_path: Path) -> None:
+    db = tmp_path / "wh.duckdb"
+    _run(db, "first", n=8, seed=0, batch_size=400)
+    first_qas = {e.qa_id for e in Warehouse(db).load(Environment)}
+    _run(db, "second", n=8, seed=1, batch_size=400)
+    second = [r for r in Warehouse(db).load(EnvMerge) if r.run_id == "second" and r.merged]
+    across = [r for r in second if {m.qa_id for m in r.members} & first_qas
+              and {m.qa_id for m in r.members} - first_qas]
+    assert across, "a tool of the second run merged with the first run's equivalent tools"
+    # the same two runs with merging inside each run only make fewer merges
+    apart = tmp_path / "apart.duckdb"
+    _run(apart, "first", n=8, seed=0, batch_size=400, merge_across=False)
+    _run(apart, "second", n=8, seed=1, batch_size=400, merge_across=False)
+    assert len(_groups(apart)) < len(_groups(db))
