@@ -176,6 +176,21 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "batch_size": batch_size,
         "stream": stream,
     }
+    out["openai"].update(_cpu_bound(out["openai"], {"batch": endpoint.arrivals(t0, t2), "stream": stream["requests"]},
+                                    latency_s, limit))
+
+
+def _cpu_bound(run: dict[str, Any], requests: dict[str, int], latency_s: float, limit: int) -> dict[str, Any]:
+    """What bounds each pipeline's whole-run share on this machine: the seconds its requests need at the full limit
+    (requests x latency / limit) against the seconds its CPU work needs on this machine's cores (client + sandbox +
+    endpoint CPU seconds / cores). `cpu_bound_share_cap` = request_s / max(request_s, cpu_s / cores): the whole-run
+    share no schedule can beat here, with every core ours (other load on the machine lowers it further)."""
+    cores = len(os.sched_getaffinity(0))
+    request_s = {k: round(n * latency_s / limit, 2) for k, n in requests.items()}
+    cpu_s = {k: round(run["client_cpu_s"][k] + run["sandbox_cpu_s"][k] + run["endpoint_cpu_s"][k], 2) for k in requests}
+    return {"cores": cores, "request_s_at_limit": request_s, "cpu_s": cpu_s,
+            "cpu_bound_share_cap": {k: round(request_s[k] / max(request_s[k], cpu_s[k] / cores, 1e-9), 3) for k in requests},
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 async def _stream_run(cfg: Config, spec: Any, db: Path, endpoint_pid: int

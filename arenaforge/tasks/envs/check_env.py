@@ -111,32 +111,65 @@ def random_arguments(doc: FunctionDoc, data: Any, rng: random.Random) -> dict[st
 
 
 async def self_test(pool: Any, env: Environment, seed: int = 0) -> tuple[dict[str, bool], list[str]]:
-    """F1 of gold replay (must be 1.0), no calls (0) and random valid calls (< 1), each in a fresh session."""
+    """F1 of gold replay (must be 1.0), no calls (0) and random valid calls (< 1).
+
+    The random calls follow the gold replay in its session when the replay left the state as it started (its
+    snapshot equals `initial_state`; `check_environment` probes after the gold calls the same way): they see what a
+    fresh session would, and the pool forks one session per self-test instead of two plus a spare (a version opened
+    twice gets one). A replay that changed the state gets the random calls a fresh session."""
     from arenaforge.environments.runtime import EnvironmentFailure, run_calls
 
     try:
-        gold_obs = await run_calls(pool, env, env.calls)
+        session = await pool.open(env)
     except EnvironmentFailure as err:  # the sandbox failed, not the environment: the row is an environment failure
         return {"self_test_gold_f1": False}, [f"sandbox_failure: {str(err)[:300]}"]
-    gold = f1_reward(env.gold_answers, [o.text() for o in gold_obs], len(env.calls))
-    empty = f1_reward(env.gold_answers, [], 0)
-    rng = random.Random(f"{seed}:{env.id}")
-    docs = {t.name: t for t in env.tools}
-    gold_pairs = [(c.tool, c.arguments) for c in env.calls]
-    calls: list[tuple[str, dict[str, Any]]] = []
-    for _ in range(max(1, len(env.calls))):
-        for _try in range(10):
-            name = rng.choice(sorted(docs))
-            args = random_arguments(docs[name], (env.initial_state or {}).get(name), rng)
-            if (name, args) not in gold_pairs:
-                break
-        calls.append((name, args))
     try:
-        rand_obs = await run_calls(pool, env, calls)
-    except EnvironmentFailure as err:
-        return {"self_test_random_f1": False}, [f"sandbox_failure: {str(err)[:300]}"]
+        if env.tool_turns:  # a replay is not an episode: every tool visible (`runtime.replay`)
+            session.turn = max(env.tool_turns.values())
+        try:
+            gold_obs = [await pool.call(session, c.tool, c.arguments) for c in env.calls]
+            unchanged = await _state_unchanged(pool, session, env)
+        except EnvironmentFailure as err:
+            return {"self_test_gold_f1": False}, [f"sandbox_failure: {str(err)[:300]}"]
+        gold = f1_reward(env.gold_answers, [o.text() for o in gold_obs], len(env.calls))
+        empty = f1_reward(env.gold_answers, [], 0)
+        rng = random.Random(f"{seed}:{env.id}")
+        docs = {t.name: t for t in env.tools}
+        gold_pairs = [(c.tool, c.arguments) for c in env.calls]
+        calls: list[tuple[str, dict[str, Any]]] = []
+        for _ in range(max(1, len(env.calls))):
+            for _try in range(10):
+                name = rng.choice(sorted(docs))
+                args = random_arguments(docs[name], (env.initial_state or {}).get(name), rng)
+                if (name, args) not in gold_pairs:
+                    break
+            calls.append((name, args))
+        try:
+            if unchanged:
+                rand_obs = [await pool.call(session, name, args) for name, args in calls]
+            else:
+                await pool.close(session)
+                rand_obs = await run_calls(pool, env, calls)
+        except EnvironmentFailure as err:
+            return {"self_test_random_f1": False}, [f"sandbox_failure: {str(err)[:300]}"]
+    finally:
+        await pool.close(session)
     rand = f1_reward(env.gold_answers, [o.text() for o in rand_obs], len(calls))
     checks = {"self_test_gold_f1": gold.f1 == 1.0, "self_test_no_calls_f1": empty.f1 == 0.0,
               "self_test_random_f1": rand.f1 < 1.0}
     details = [f"self-test f1: gold {gold.f1:.3f}, no calls {empty.f1:.3f}, random {rand.f1:.3f}"]
     return checks, details
+
+
+async def _state_unchanged(pool: Any, session: Any, env: Environment) -> bool:
+    """Whether the session's state (the harness's snapshot, `Pool.state`) is still `env.initial_state`."""
+    from arenaforge.environments.runtime import EnvironmentFailure
+    from arenaforge.schemas.errors import SandboxError
+
+    try:
+        state = await pool.state(session)
+    except EnvironmentFailure:
+        raise
+    except SandboxError:  # unreadable or over the output limit: assume it changed
+        return False
+    return bool(state == json.loads(json.dumps(env.initial_state)))
