@@ -34,8 +34,11 @@ _PUNCT = re.compile(r"[^\w\s.\-+/:]")
 
 def normalise(text: str) -> str:
     """Case-folded, accent-stripped, punctuation-light, whitespace-collapsed text."""
-    text = unicodedata.normalize("NFKD", str(text))
-    text = "".join(ch for ch in text if not unicodedata.combining(ch)).casefold()
+    text = str(text)
+    if not text.isascii():  # ASCII has no decompositions or combining marks: skip the per-character pass
+        text = unicodedata.normalize("NFKD", text)
+        text = "".join(ch for ch in text if not unicodedata.combining(ch))
+    text = text.casefold()
     text = _PUNCT.sub(" ", text)
     text = re.sub(r"(?<!\d)\.|\.(?!\d)", " ", text)  # keep decimal points, drop sentence dots
     return " ".join(text.split())

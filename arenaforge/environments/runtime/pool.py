@@ -132,9 +132,10 @@ class Pool(WorkerSlots):
 
         A tool hidden at the session's `turn` (format 2 `tool_turns`) is unknown to the agent, as is the harness's
         state request: both are an `error` observation, and nothing runs."""
-        visible = [t.name for t in session.env.visible_tools(session.turn)]
-        if tool == STATE_TOOL or (session.env.tool_turns and tool in session.tools and tool not in visible):
-            return ToolObservation(outcome="error", error=f"unknown tool {tool!r}; available: {', '.join(visible)}")
+        if tool == STATE_TOOL or (session.env.tool_turns and tool in session.tools):  # else nothing to hide: no list per call
+            visible = [t.name for t in session.env.visible_tools(session.turn)]
+            if tool == STATE_TOOL or tool not in visible:
+                return ToolObservation(outcome="error", error=f"unknown tool {tool!r}; available: {', '.join(visible)}")
         return await self._call(session, tool, args, timeout_s=timeout_s)
 
     async def state(self, session: Session) -> Any:

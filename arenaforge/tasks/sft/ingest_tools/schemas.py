@@ -33,19 +33,19 @@ MAX_DEPTH = 64  # real tool schemas nest a few levels; past this a document is b
 
 
 def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
-    """How deeply `value` nests (dicts and lists), counted without recursion and stopping past `limit`."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > deepest:
-            deepest = depth
-            if deepest > limit:
-                break
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
+    """How deeply `value` nests (dicts and lists), counted level by level without recursion and stopping past
+    `limit` (a level is one list: no tuple per node, as every tool's parameters and returns pass here)."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        depth += 1
+        below: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                below.extend(node.values())
+            elif isinstance(node, list):
+                below.extend(node)
+        level = below
+    return depth
 
 
 def normalise_schema(schema: Any, top: bool = True) -> dict[str, Any]:
