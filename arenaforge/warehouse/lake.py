@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.extensions import database, extension_path, quiet
 from arenaforge.warehouse.rows import KeyedRows
 from arenaforge.warehouse.writer_lock import WriterLock, writer_lock
 
@@ -143,7 +143,7 @@ class _Engine:
         transaction's own snapshot, not in a DuckLake transaction of its own (~1/8 of a small write's CPU).
         That USE opens the transaction's one catalog connection, so a busy catalog is retried here."""
         def open_cursor() -> duckdb.DuckDBPyConnection:
-            con = self.db.cursor()
+            con = quiet(self.db.cursor())
             try:
                 if begin:
                     con.execute("BEGIN TRANSACTION")

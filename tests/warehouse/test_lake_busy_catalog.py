@@ -61,3 +61,12 @@ def test_a_read_and_a_write_retry_a_busy_catalog_and_succeed(tmp_path):
     results, retries = _busy_while(catalog, lambda: wh.query(write))
     assert len(results) == 1 and retries > 2
     assert wh.query("SELECT key FROM llm_cache ORDER BY key")[1] == [("a",), ("b",)]
+
+
+def test_a_slow_query_draws_no_progress_bar_on_stdout(tmp_path):
+    # DuckDB draws its bar on stdout after 2 s even into a pipe: a test writer's "ready" line got it under load
+    script = ("from arenaforge.warehouse import Warehouse; wh = Warehouse(__import__('sys').argv[1]); "
+              "wh.query('SELECT sum(hash(i)) FROM range(400000000) t(i)'); print('done')")
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "w.lake")], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == "done\n"
