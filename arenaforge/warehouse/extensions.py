@@ -59,7 +59,15 @@ def database(paths: list[str]) -> duckdb.DuckDBPyConnection:
     for path in paths:
         db.execute(f"LOAD '{_quote(path)}'")
         _VERIFIED.add(path)
-    return db
+    return quiet(db)
+
+
+def quiet(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """`con` without DuckDB's progress bar, a per-connection setting (it cannot be set globally): DuckDB
+    draws it on stdout once a query passes 2 s, even into a pipe (measured), so under load it landed in
+    the output of processes using the warehouse (a test writer's "ready" line)."""
+    con.execute("SET enable_progress_bar = false")
+    return con
 
 
 def load_sql(names: list[str]) -> str:

@@ -27,24 +27,34 @@ import json
 import os
 import sqlite3
 import threading
+import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.extensions import database, extension_path, quiet
 from arenaforge.warehouse.rows import KeyedRows
 from arenaforge.warehouse.writer_lock import WriterLock, writer_lock
 
 # Rows per insert that DuckLake keeps inside the catalog instead of writing a Parquet file: DuckLake's
 # default. 0 and 1,000 measured no faster on the pipeline's write pattern; `db compact` flushes them.
 INLINE_ROWS = 10
+_T = TypeVar("_T")
 KEEP_IDLE = 2  # lakes a process keeps open while no Warehouse object uses them
+# A SQLite catalog connection that finds the catalog busy fails at once (META_BUSY_TIMEOUT 0) and
+# `_retry_busy` tries again in milliseconds. The sqlite_scanner's SQLite has no usleep, so its own
+# busy handler sleeps whole seconds: each DuckLake transaction opens a catalog connection, and one
+# opened while another process's connection was closing (SQLite holds its PENDING lock for a moment
+# then) slept 1 s (strace). Those 1 s sleeps were the reads' p99, and the writers' lock waits' p99
+# when the lock holder slept.
+BUSY_TIMEOUT_MS = 0
+_BUSY_RETRIES = [0]  # times this process found the catalog busy and tried again (`busy_retries`)
 
 
 @dataclass(frozen=True)
@@ -78,8 +88,10 @@ class LakeLocation:
     def attach_sql(self, alias: str, read_only: bool = False) -> str:
         options = [f"DATA_PATH '{_q(self.data_path)}'", "OVERRIDE_DATA_PATH true",
                    f"DATA_INLINING_ROW_LIMIT {INLINE_ROWS}"]
-        if read_only:
+        if read_only:  # a person's CLI session keeps SQLite's own (slow but patient) busy wait
             options = [o for o in options if not o.startswith("DATA_INLINING")] + ["READ_ONLY"]
+        elif self.catalog == "sqlite":
+            options.append(f"META_BUSY_TIMEOUT {BUSY_TIMEOUT_MS}")
         return f"ATTACH 'ducklake:{self.catalog}:{_q(self.target)}' AS {alias} ({', '.join(options)})"
 
     def cli_sql(self, alias: str = "arenaforge") -> str:
@@ -115,9 +127,10 @@ class _Engine:
         self.db = database([extension_path(n) for n in location.extensions])
         if location.directory is not None:
             _prepare_directory(location)
+        self.timeout_s = timeout_s
         with writer_lock.hold(timeout_s):  # the first ATTACH creates the catalog: one process at a time
             try:
-                self.db.execute(location.attach_sql(ALIAS))
+                _retry_busy(lambda: self.db.execute(location.attach_sql(ALIAS)), timeout_s)
             except duckdb.Error as err:
                 self.db.close()
                 raise WarehouseError(f"cannot open warehouse {location.target}: {str(err).splitlines()[0]}") from None
@@ -127,16 +140,41 @@ class _Engine:
     def cursor(self, begin: bool = False) -> duckdb.DuckDBPyConnection:
         """A new connection with the lake as its default database (a cursor starts in the in-memory
         one, not the parent's). With `begin`, inside BEGIN: the USE then reads the lake in the
-        transaction's own snapshot, not in a DuckLake transaction of its own (~1/8 of a small write's CPU)."""
-        con = self.db.cursor()
+        transaction's own snapshot, not in a DuckLake transaction of its own (~1/8 of a small write's CPU).
+        That USE opens the transaction's one catalog connection, so a busy catalog is retried here."""
+        def open_cursor() -> duckdb.DuckDBPyConnection:
+            con = quiet(self.db.cursor())
+            try:
+                if begin:
+                    con.execute("BEGIN TRANSACTION")
+                con.execute(f"USE {ALIAS}")
+            except BaseException:
+                con.close()
+                raise
+            return con
+
+        return _retry_busy(open_cursor, self.timeout_s)
+
+
+def busy_retries() -> int:
+    """How often this process found a SQLite catalog busy and tried again."""
+    return _BUSY_RETRIES[0]
+
+
+def _retry_busy(attempt: Callable[[], _T], timeout_s: float) -> _T:
+    """`attempt()`, again after 1, 2, 4 ... 50 ms while the SQLite catalog is busy, up to `timeout_s`.
+    Only for what is safe to run again: a transaction's start, or a whole idempotent step."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.001
+    while True:
         try:
-            if begin:
-                con.execute("BEGIN TRANSACTION")
-            con.execute(f"USE {ALIAS}")
-        except BaseException:
-            con.close()
-            raise
-        return con
+            return attempt()
+        except duckdb.Error as err:
+            if "database is locked" not in str(err) or time.monotonic() > deadline:
+                raise
+        _BUSY_RETRIES[0] += 1
+        time.sleep(delay)
+        delay = min(2 * delay, 0.05)
 
 
 _ENGINES: dict[tuple[int, str], _Engine] = {}  # (pid, location key): DuckDB instances do not survive fork
@@ -362,8 +400,13 @@ class LakeStore:
         from arenaforge.warehouse.lake_schema import apply_to_lake
 
         att = self._attached()
-        with att.lock.hold(self.lock_timeout_s), att.cursor() as con:
-            applied, keys = apply_to_lake(con, self.migrations)
+
+        def apply() -> tuple[list[str], dict[str, list[str]]]:  # one transaction: safe to run again
+            with att.cursor() as con:
+                return apply_to_lake(con, self.migrations)
+
+        with att.lock.hold(self.lock_timeout_s):
+            applied, keys = _retry_busy(apply, self.lock_timeout_s)
         _KEYS[self.where.key] = keys
         return applied
 
@@ -464,23 +507,31 @@ class LakeStore:
         before = self.storage()
         att = self._attached()
         alias = att.alias
-        with att.cursor() as con:
+        with att.cursor(begin=True) as con:
             tables = [name for name, kind in self.relations(con) if kind == "table"]
+
+        def calls(*sql: str) -> None:  # each CALL its own transaction, each one safe to run again
+            with att.cursor() as con:
+                for statement in sql:
+                    con.execute(statement)
+
         for table in tables:
-            with att.lock.hold(self.lock_timeout_s), att.cursor() as con:
-                con.execute(f"CALL ducklake_flush_inlined_data('{alias}', table_name => '{table}')")
-                con.execute(f"CALL ducklake_merge_adjacent_files('{alias}', '{table}')")
+            with att.lock.hold(self.lock_timeout_s):
+                _retry_busy(lambda t=table: calls(f"CALL ducklake_flush_inlined_data('{alias}', table_name => '{t}')",
+                                                  f"CALL ducklake_merge_adjacent_files('{alias}', '{t}')"),
+                            self.lock_timeout_s)
         cutoff = _cutoff(older_than_hours)
-        with att.lock.hold(self.lock_timeout_s), att.cursor() as con:
-            for call in ("ducklake_expire_snapshots", "ducklake_cleanup_old_files", "ducklake_delete_orphaned_files"):
-                con.execute(f"CALL {call}('{alias}', older_than => TIMESTAMPTZ '{cutoff}')")
+        with att.lock.hold(self.lock_timeout_s):
+            _retry_busy(lambda: calls(*(f"CALL {call}('{alias}', older_than => TIMESTAMPTZ '{cutoff}')" for call in (
+                "ducklake_expire_snapshots", "ducklake_cleanup_old_files", "ducklake_delete_orphaned_files"))),
+                self.lock_timeout_s)
         return {"layout": self.layout, "cutoff": cutoff, "before": before, "after": self.storage()}
 
     def storage(self) -> dict[str, int]:
         """Live data files, rows still inlined in the catalog, snapshots kept."""
         att = self._attached()
         meta = f"__ducklake_metadata_{att.alias}"
-        with att.cursor() as con:
+        with att.cursor(begin=True) as con:  # one read transaction: one snapshot, one catalog connection
             files = con.execute(f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM {meta}.ducklake_data_file "
                                 "WHERE end_snapshot IS NULL").fetchone()
             snapshots = con.execute(f"SELECT count(*) FROM {meta}.ducklake_snapshot").fetchone()[0]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
-from arenaforge.warehouse.extensions import database, extension_path
+from arenaforge.warehouse.extensions import database, extension_path, quiet
 
 if TYPE_CHECKING:
     from arenaforge.warehouse.lake import LakeLocation
@@ -123,7 +123,7 @@ class AdvisoryWriterLock(WriterLock):
     @contextlib.contextmanager
     def hold(self, timeout_s: float) -> Iterator[None]:
         alias = "lock_" + hashlib.sha1(self.location.target.encode()).hexdigest()[:12]
-        con = _lock_engine(self.location.target, alias).cursor()  # its own PostgreSQL session for this transaction
+        con = quiet(_lock_engine(self.location.target, alias).cursor())  # its own PostgreSQL session for this transaction
         try:
             con.execute("BEGIN TRANSACTION")
             # Wait in PostgreSQL's own queue (first come, first served) up to the deadline; polling
@@ -149,7 +149,7 @@ class AdvisoryWriterLock(WriterLock):
     @contextlib.contextmanager
     def try_hold(self) -> Iterator[bool]:
         alias = "lock_" + hashlib.sha1(self.location.target.encode()).hexdigest()[:12]
-        con = _lock_engine(self.location.target, alias).cursor()
+        con = quiet(_lock_engine(self.location.target, alias).cursor())
         try:
             con.execute("BEGIN TRANSACTION")
             got = con.execute(f"SELECT * FROM postgres_query('{alias}', "
