@@ -72,8 +72,14 @@ def sft_row(t: Trajectory, score: float) -> dict[str, Any]:
             "id": t.id, "server": t.server, "score": score, "provenance": t.lineage(source=t.server)}
 
 
-def _parquet_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {**row, "tools": json.dumps(row["tools"], ensure_ascii=False)}
+def _lines(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The JSONL line (exactly `json.dumps(row, ensure_ascii=False)`) and the Parquet row, the tools encoded once:
+    both carry the same text, and the tools are most of a row."""
+    tools = json.dumps(row["tools"], ensure_ascii=False)
+    rest = {k: v for k, v in row.items() if k not in ("messages", "tools")}
+    line = ('{"messages": ' + json.dumps(row["messages"], ensure_ascii=False) + ', "tools": ' + tools + ", "
+            + json.dumps(rest, ensure_ascii=False)[1:])
+    return line, {**row, "tools": tools}
 
 
 def statistics(items: list[tuple[Trajectory, float]], scores: list[JudgeScore] | None = None) -> dict[str, Any]:
@@ -106,16 +112,16 @@ def export_sft(wh: Warehouse, out_dir: str | Path, run_id: str | None = None, mi
     out = Path(out_dir).expanduser().resolve()  # the report names absolute paths
     out.mkdir(parents=True, exist_ok=True)
     items = kept_trajectories(wh, run_id, min_score)
-    rows = [sft_row(t, s) for t, s in items]
+    lines, rows = zip(*(_lines(sft_row(t, s)) for t, s in items)) if items else ((), ())
     jsonl = out / f"{name}.jsonl"
     parquet = out / f"{name}.parquet"
     tmp = jsonl.with_suffix(".jsonl.tmp")
     with tmp.open("w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        for line in lines:
+            fh.write(line + "\n")
     tmp.replace(jsonl)
     tmp = parquet.with_suffix(".parquet.tmp")
-    pq.write_table(pa.Table.from_pylist([_parquet_row(r) for r in rows], schema=SCHEMA), tmp)
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=SCHEMA), tmp)
     tmp.replace(parquet)
     stats = statistics(items)
     report = out / f"{name}_stats.json"

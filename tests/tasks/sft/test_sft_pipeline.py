@@ -146,7 +146,11 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     call = next(m for m in row["messages"] if m["tool_calls"])["tool_calls"][0]
     assert isinstance(json.loads(call["function"]["arguments"]), dict)
     # the JSONL is OpenAI chat-with-tools: tools a list of tool objects, messages without null keys
-    first = json.loads(Path(report["jsonl"]).read_text().splitlines()[0])
+    lines = Path(report["jsonl"]).read_text().splitlines()
+    # each line is exactly json.dumps of its row (the tools are encoded once for both files), same tools text
+    assert all(json.dumps(json.loads(line), ensure_ascii=False) == line for line in lines)
+    assert [json.dumps(json.loads(line)["tools"], ensure_ascii=False) for line in lines] == pq["tools"]
+    first = json.loads(lines[0])
     assert list(first)[:2] == ["messages", "tools"] and first["tools"][0]["type"] == "function"
     assert all(isinstance(t["function"]["parameters"], dict) for t in first["tools"])
     assert all(None not in m.values() and isinstance(m["content"], str) for m in first["messages"])

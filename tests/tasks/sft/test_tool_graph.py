@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections import Counter
 from importlib import resources
@@ -42,6 +43,19 @@ def test_dataflow_edges_match_outputs_to_parameters_by_name_and_description(corp
     assert ("track_order", "search_products") not in shop
     notes = tool_graph.dataflow_edges(tools["notes"])  # no response schemas: the description says "note id"
     assert _pairs(notes) == {("create_note", "share_note")} and "description" in notes[0].evidence
+
+
+def test_field_caches_hold_only_values_the_garbage_collector_skips(corpus):
+    # a 10,000-tool run keeps ~70,000 cached fields: tracked, every full collection walked them all again
+    _, tools = corpus
+    tool = next(t for t in tools["shop"] if t.function.name == "get_product")
+    fields = tool_graph.param_fields(tool)
+    assert fields == tool_graph.param_fields(tool) and fields[0].name and fields[0].words
+    assert [f.name for f in tool_graph.output_fields(tool)] == [f.name for f in tool_graph._output_fields(tool)]
+    gc.collect()  # a collection untracks tuples of untracked values: the fields first, their tuple on the next
+    gc.collect()
+    cached = [tool_graph._PARAM_FIELDS[tool.id], tool_graph._OUTPUT_FIELDS[tool.id]]
+    assert cached[1] and not any(gc.is_tracked(x) for c in cached for x in (c, *c))
 
 
 def test_embedding_similarity_links_related_names_but_never_different_ids():
