@@ -12,7 +12,9 @@ the order they were planned instead of every decomposition first, and windows of
 decomposed: merging, distractors and self-tests of a window overlap the requests of the next ones, and
 only the last window's run after the last request. The tool stage is bounded by a semaphore (as the batch
 pipeline's); records go to the warehouse through a `RecordWriter` every second, so a killed run loses at
-most the last second's records and a re-run (content ids) completes it.
+most the last second's records and a re-run (content ids) completes it. At most `DECOMPOSE_AHEAD`
+decompositions are past their prompt at once (so the first requests leave before the whole run's prompts are
+built), and the sandbox pool starts just after the first ones.
 
 Same results as the batch pipeline (`synthesize_qas` then `build_environments` per chunk of
 `batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order. The
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
@@ -91,7 +93,7 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
             jobs += [asyncio.ensure_future(flow.qa(inputs, len(jobs) + k)) for k, inputs in enumerate(planned)]
         # the pool is first needed once a QA is decomposed and judged (two answers away): it starts after the first
         # requests, not before them
-        pool_started = flow.pool_started = asyncio.ensure_future(_after_first_requests(run.sandbox()))
+        pool_started = flow.pool_started = asyncio.ensure_future(_after_first_requests(run.sandbox))
         counts = await flow.windows(jobs)
         await pool_started  # started with the run even when no QA was kept: its errors are the run's
     timings["tools_verified_s"] = max(flow.tools_done_at - started, 0.0)
@@ -99,10 +101,10 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
     return counts
 
 
-async def _after_first_requests(start: Any) -> Any:
-    """`start`, awaited one loop pass later: the decompositions started just before it send their requests first."""
+async def _after_first_requests(start: Callable[[], Awaitable[Any]]) -> Any:
+    """`start()`, one loop pass later: the decompositions started just before it send their requests first."""
     await asyncio.sleep(0)
-    return await start
+    return await start()
 
 
 def _batch_order(chunk: list[QAInstance], synthesis_order: bool) -> list[str]:
