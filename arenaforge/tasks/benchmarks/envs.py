@@ -161,7 +161,10 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "until_tools_verified_busy_share": {"batch": endpoint.busy_share(limit, t0, tools_end),
                                             "stream": stream["busy_share_until_tools_verified"]},
         "until_tools_verified_s": {"batch": round(tools_end - t0, 2), "stream": stream["tools_verified_s"]},
-        # the timeline: when the last answer came back, and the run's tail after it (no request in flight)
+        # the timeline: when the first request went out (the run's head: sources loaded, prompts built), when the
+        # last answer came back, and the run's tail after it (no request in flight)
+        "first_request_s": {"batch": round(endpoint.request_window(t0, t2)[0] - t0, 2),
+                            "stream": round(endpoint.request_window(*stream_window)[0] - stream_window[0], 2)},
         "last_answer_s": {"batch": round(batch_last - t0, 2), "stream": round(stream_last - stream_window[0], 2)},
         "tail_after_last_answer_s": {"batch": round(t2 - batch_last, 2), "stream": round(stream_window[1] - stream_last, 2)},
         # the client process's CPU seconds (its threads; not the endpoint's or the sandbox workers' processes)

@@ -12,7 +12,9 @@ the order they were planned instead of every decomposition first, and windows of
 decomposed: merging, distractors and self-tests of a window overlap the requests of the next ones, and
 only the last window's run after the last request. The tool stage is bounded by a semaphore (as the batch
 pipeline's); records go to the warehouse through a `RecordWriter` every second, so a killed run loses at
-most the last second's records and a re-run (content ids) completes it.
+most the last second's records and a re-run (content ids) completes it. At most `DECOMPOSE_AHEAD`
+decompositions are past their prompt at once (so the first requests leave before the whole run's prompts are
+built), and the sandbox pool starts just after the first ones.
 
 Same results as the batch pipeline (`synthesize_qas` then `build_environments` per chunk of
 `batch_size`): the same per-QA functions, and the end stages see the same drafts in the same order. The
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
@@ -49,6 +51,9 @@ from arenaforge.tasks.run_scope import RunScope
 # QAs whose tools are being built or verified at once: about the endpoint's limit, so the tool stage takes
 # QAs in the order they were kept and an early window's tools are not spread over the whole run
 TOOL_CONCURRENCY = 128
+# decompositions rendered and sent (or waiting for a model slot) at once: twice the endpoint's limit keeps a queue
+# at the limiter, while the first requests go out after 256 prompts are built instead of the whole run's
+DECOMPOSE_AHEAD = 2 * TOOL_CONCURRENCY
 JUDGE, TOOLS, FINISH = 1, 2, 3  # request priorities of a QA's later stages (a new decomposition's is 0); within
                                 # a stage, the QA planned first goes first
 
@@ -76,22 +81,30 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
     started = time.perf_counter()
     seed = run.cfg.seed if spec.seed is None else spec.seed
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
-    pool_started = asyncio.ensure_future(run.sandbox())
     async with RecordWriter(run.wh) as writer:
-        flow = _Stream(run, spec, sources, seed, writer, pool_started, embed, timings)
+        flow = _Stream(run, spec, sources, seed, writer, embed, timings)
         jobs: list[asyncio.Future[tuple[QAInstance, bool] | None]] = []
-        for source in sources.values():  # every decomposition starts now; the limiter orders their requests
+        for source in sources.values():  # every decomposition is planned now; `DECOMPOSE_AHEAD` of them go out
             flow.reject(source.rejections)
             planned = flow.synth.plan(source, spec.qa_spec(seed))
             if isinstance(planned, Rejection):
                 flow.reject([planned])
                 continue
             jobs += [asyncio.ensure_future(flow.qa(inputs, len(jobs) + k)) for k, inputs in enumerate(planned)]
+        # the pool is first needed once a QA is decomposed and judged (two answers away): it starts after the first
+        # requests, not before them
+        pool_started = flow.pool_started = asyncio.ensure_future(_after_first_requests(run.sandbox))
         counts = await flow.windows(jobs)
         await pool_started  # started with the run even when no QA was kept: its errors are the run's
     timings["tools_verified_s"] = max(flow.tools_done_at - started, 0.0)
     timings["last_window_cut_s"] = max(flow.last_window_at - started, 0.0)
     return counts
+
+
+async def _after_first_requests(start: Callable[[], Awaitable[Any]]) -> Any:
+    """`start()`, one loop pass later: the decompositions started just before it send their requests first."""
+    await asyncio.sleep(0)
+    return await start()
 
 
 def _batch_order(chunk: list[QAInstance], synthesis_order: bool) -> list[str]:
@@ -107,9 +120,9 @@ class _Stream:
     """One streaming run's per-QA steps, its windows and what they have started."""
 
     def __init__(self, run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource], seed: int,
-                 writer: RecordWriter, pool_started: asyncio.Future[Any], embed: Embedder | None,
-                 timings: dict[str, float]) -> None:
-        self.run, self.spec, self.seed, self.writer, self.pool_started = run, spec, seed, writer, pool_started
+                 writer: RecordWriter, embed: Embedder | None, timings: dict[str, float]) -> None:
+        self.run, self.spec, self.seed, self.writer = run, spec, seed, writer
+        self.pool_started: asyncio.Future[Any]  # set once the first decompositions are started
         self.embed, self.timings = embed, timings
         self.synth = QASynthesizer(run.model)
         self.judge = QAJudge(run.model)
@@ -118,6 +131,7 @@ class _Stream:
         self.paths: dict[str, asyncio.Future[bool]] = {}  # per instance id: judged, and kept or not
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
+        self.decompose_slots = asyncio.Semaphore(DECOMPOSE_AHEAD)  # first come (planned order), first served
         self.merged_windows = 0  # windows merged so far: each merges against the ones before it, in order
         self.merge_turns = asyncio.Condition()
         self.qa_rejections = 0
@@ -130,7 +144,8 @@ class _Stream:
     async def qa(self, inputs: DecomposeInputs, position: int) -> tuple[QAInstance, bool] | None:
         """One planned decomposition through judging (and, once kept, its tools started): the instance and
         whether it is kept; None when it was refused."""
-        made = await self.synth.decompose(inputs)
+        async with self.decompose_slots:  # its prompt is built only when it may go out
+            made = await self.synth.decompose(inputs)
         if isinstance(made, Rejection):
             self.reject([made])
             return None
