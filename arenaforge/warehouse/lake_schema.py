@@ -51,15 +51,17 @@ class DeclaredSchema:
     def lake_statements(self, sql: str) -> list[str]:
         """The statements that apply `sql` to a lake (and apply it to the scratch schema)."""
         out = []
+        known: dict[str, tuple[bool, int]] | None = None  # the scratch schema's tables, while no other statement ran
         for statement in self.con.extract_statements(sql):
             if statement.type != duckdb.StatementType.CREATE:
+                known = None
                 self.con.execute(statement.query)
                 if not self._comments_view_column(statement.query):
                     out.append(statement.query)
                 continue
-            before = self._tables()
+            before = known if known is not None else self._tables()  # a CREATE's "after" is the next one's "before"
             self.con.execute(statement.query)
-            after = self._tables()
+            after = known = self._tables()
             new = [t for t in after if t not in before]
             if any(after[t][1] > before[t][1] for t in before if t in after):
                 continue  # CREATE INDEX on an existing table: DuckLake has no indexes
