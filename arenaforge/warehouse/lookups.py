@@ -37,8 +37,8 @@ def merge_candidates(wh: Warehouse, signatures: Sequence[str]) -> list[MergeCand
 def earlier_runs_candidates(wh: Warehouse, run_id: str | None) -> list[MergeCandidate]:
     """Every merge candidate other runs wrote before this run's first one, in the order they were written (a run's
     distractor pool; the cut keeps a re-run's pool what it was, whatever runs came since)."""
-    _, rows = wh.query("SELECT record FROM merge_candidates WHERE run_id IS DISTINCT FROM ? AND created_at < "
-                       "coalesce((SELECT min(created_at) FROM merge_candidates WHERE run_id = ?), 'infinity'::TIMESTAMP) "
+    _, rows = wh.query("SELECT record FROM merge_candidates WHERE run_id IS DISTINCT FROM ? AND created_at < coalesce("
+                       "(SELECT min(created_at) FROM merge_candidates WHERE run_id = ?), 'infinity'::TIMESTAMP) "
                        "ORDER BY created_at, id", [run_id, run_id])
     return [MergeCandidate.model_validate_json(r[0]) for r in rows]
 
