@@ -32,6 +32,7 @@ class RunScope:
     _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     _sources: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
     merge_index: Any = field(default=None, repr=False)  # the envs track's merge groups (pipeline.merge_index)
+    distractor_pool: Any = field(default=None, repr=False)  # tools earlier windows and runs built (pipeline)
 
     async def sandbox(self) -> Any:
         """The run's sandbox pool (started on first use, shared by every stage of the run)."""

@@ -24,11 +24,11 @@ from arenaforge.schemas.models import Environment, QAInstance, Rejection, Verifi
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.check_env import self_test
 from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, choose_distractors
+from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, Pool, choose_distractors
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.merge_envs import MergeIndex, ToolGrouper, merge_environments
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
-from arenaforge.tasks.envs.tool_impl import EnvDraft, assemble
+from arenaforge.tasks.envs.tool_impl import EnvDraft, ToolImpl, assemble
 from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, judge_one, verify_batch
 from arenaforge.tasks.run_scope import RunScope
 from arenaforge.warehouse import lookups
@@ -158,6 +158,15 @@ def merge_index(run: RunScope) -> MergeIndex:
     return run.merge_index
 
 
+async def distractor_pool(run: RunScope) -> Pool:
+    """The run's distractor pool: on first use, the tools earlier runs wrote as merge candidates."""
+    if run.distractor_pool is None:
+        rows = await asyncio.to_thread(lookups.earlier_runs_candidates, run.wh, run.run_id)
+        run.distractor_pool = Pool([(ToolImpl(r.doc, r.source, r.data, r.signature, [], [], r.origin), r.qa_id)
+                                    for r in rows])
+    return run.distractor_pool
+
+
 async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: list[EnvDraft],
                               rejections: list[Rejection], seed: int, embed: Embedder | None,
                               clock: Clock, merge_turn: contextlib.AbstractAsyncContextManager[Any] | None = None
@@ -176,8 +185,10 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
             merged = await merge_environments(ToolGrouper(run.model), pool, drafts, run.run_id, index=index)
             drafts, merges, new_groups = merged.drafts, merged.merges, merged.new_groups
             candidates = merged.candidates if spec.merge_across else []  # what later batches and runs merge against
+        # in the turn, so each window draws from the windows before it, whatever order they finish in
+        earlier = (await distractor_pool(run)).window(drafts) if spec.merge_across else None
     clock.lap("merge_s")
-    chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed)
+    chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed, earlier)
     clock.lap("distractors_s")
     finals: list[tuple[EnvDraft, Environment, list[Any]]] = []
     for draft, pick in zip(drafts, chosen, strict=True):

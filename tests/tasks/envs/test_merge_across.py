@@ -10,9 +10,9 @@ import asyncio
 from pathlib import Path
 
 from arenaforge.schemas.config import load_config
-from arenaforge.schemas.kinds_envs import EnvMerge
+from arenaforge.schemas.kinds_envs import DistractorPick, DistractorSet, EnvMerge, MergeCandidate
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
 from arenaforge.tasks.envs.stream import run_envs
 from arenaforge.tasks.run_scope import open_run_scope
 from arenaforge.warehouse import Warehouse
@@ -86,3 +86,66 @@ def test_a_second_runs_equivalent_tool_joins_the_first_runs_group(tmp_path: Path
     _run(apart, "first", n=8, seed=0, batch_size=400, merge_across=False)
     _run(apart, "second", n=8, seed=1, batch_size=400, merge_across=False)
     assert len(_groups(apart)) < len(_groups(db))
+
+
+
+def _windows(db: Path, run_id: str, n: int, seed: int, size: int) -> list[list[str]]:
+    """The batch pipeline by hand, to know its windows: QAs synthesized, then environments per `size` QA ids."""
+    cfg = load_config(None, overrides={"warehouse.path": str(db), "sandbox.backend": "process",
+                                       "model.backend": "offline"})
+    spec = EnvsSpec(sources=["sample"], merge_across=True, n=n, seed=seed, batch_size=size)
+
+    async def go() -> list[list[str]]:
+        async with open_run_scope(cfg, Warehouse(db), run_id) as run:
+            ids, _ = await synthesize_qas(run, spec)
+            windows = chunks(ids, size)
+            for window in windows:
+                await build_environments(run, spec, window)
+            return windows
+
+    return asyncio.run(go())
+
+
+def _picks(db: Path, run_id: str) -> dict[str, list[DistractorPick]]:
+    """QA id -> the distractor picks of its environment (written by `run_id`); checks none is one of its own tools."""
+    wh = Warehouse(db)
+    envs = {e.id: e for e in wh.load(Environment)}
+    cands = wh.load(MergeCandidate)
+    sig = {(c.qa_id, c.doc.name): c.signature for c in cands}
+    out = {}
+    for s in wh.load(DistractorSet):
+        if s.run_id != run_id:
+            continue
+        env = envs[s.env_id]
+        own = {t.name for t in env.tools} - {p.name for p in s.picks}
+        own_sigs = {c.signature for c in cands if c.qa_id == env.qa_id}
+        assert own_sigs, "every tool was a merge candidate"
+        for p in s.picks:
+            assert p.name not in own and p.source_env != env.qa_id
+            assert (p.source_env, p.name) in sig and sig[(p.source_env, p.name)] not in own_sigs
+        out[env.qa_id] = s.picks
+    return out
+
+
+def test_distractors_come_from_earlier_windows_and_earlier_runs(tmp_path: Path) -> None:
+    db = tmp_path / "wh.duckdb"
+    windows = _windows(db, "first", n=24, seed=0, size=5)
+    assert len(windows) >= 3
+    where = {qa: k for k, w in enumerate(windows) for qa in w}
+    picks = _picks(db, "first")
+    earlier = [(qa, p) for qa, ps in picks.items() for p in ps if where[p.source_env] < where[qa]]
+    assert earlier, "a later window's environment drew a distractor from an earlier window's tools"
+    assert all(where[p.source_env] <= where[qa] for qa, ps in picks.items() for p in ps), "never a later window's"
+
+    before = _ids(db)
+    assert _windows(db, "first", n=24, seed=0, size=5) == windows
+    assert _ids(db) == before, "same inputs, same seed: same picks, nothing new written"
+
+    _windows(db, "second", n=8, seed=1, size=400)
+    second = _picks(db, "second")
+    own_qas = set(second)
+    assert any(p.source_env in where and p.source_env not in own_qas for ps in second.values() for p in ps), \
+        "the second run drew from the first run's tools"
+    after = _ids(db)
+    _windows(db, "first", n=24, seed=0, size=5)
+    assert _ids(db) == after, "a re-run of the first run does not draw from the later run's tools"
