@@ -450,15 +450,26 @@ class LakeStore:
         with att.lock.try_hold() as free:
             seen = -1
             if not free:
-                with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
-                    seen = _snapshot(con, alias)
-                    todo = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
-                    con.execute("ROLLBACK")
+                def unstored() -> tuple[int, list[tuple[int, KeyedRows]]]:
+                    with att.cursor(begin=True) as con:  # a read transaction: no lock, no snapshot written
+                        at = _snapshot(con, alias)
+                        rest = [(i, b.without(_present(con, b, b.table))) for i, b in todo]
+                        con.execute("ROLLBACK")
+                    return at, rest
+
+                seen, todo = _retry_busy(unstored, self.lock_timeout_s)
                 todo = [(i, b) for i, b in todo if b.rows]
                 if not todo:
                     return new
-            with self.transaction(held=free) as con:
-                return self._insert_new_since(con, alias, seen, todo, new)
+
+            # A catalog found busy mid-transaction (a statement's own SQLite read, e.g. of the commit info) fails
+            # at once (META_BUSY_TIMEOUT 0): the transaction rolls back and a fresh one runs the whole insert again,
+            # which is safe because it inserts only keys still missing.
+            def insert() -> list[int]:
+                with self.transaction(held=free) as con:
+                    return self._insert_new_since(con, alias, seen, todo, list(new))
+
+            return _retry_busy(insert, self.lock_timeout_s)
 
     def _insert_new_since(self, con: duckdb.DuckDBPyConnection, alias: str, seen: int,
                           todo: list[tuple[int, KeyedRows]], new: list[int]) -> list[int]:
@@ -531,15 +542,19 @@ class LakeStore:
         """Live data files, rows still inlined in the catalog, snapshots kept."""
         att = self._attached()
         meta = f"__ducklake_metadata_{att.alias}"
-        with att.cursor(begin=True) as con:  # one read transaction: one snapshot, one catalog connection
-            files = con.execute(f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM {meta}.ducklake_data_file "
-                                "WHERE end_snapshot IS NULL").fetchone()
-            snapshots = con.execute(f"SELECT count(*) FROM {meta}.ducklake_snapshot").fetchone()[0]
-            inlined = 0
-            for (name,) in con.execute(f"SELECT table_name FROM {meta}.ducklake_inlined_data_tables").fetchall():
-                inlined += con.execute(f"SELECT count(*) FROM {meta}.{name} WHERE end_snapshot IS NULL").fetchone()[0]
-        return {"data_files": int(files[0]), "data_bytes": int(files[1]), "inlined_rows": int(inlined),
-                "snapshots": int(snapshots)}
+
+        def read() -> dict[str, int]:  # read-only: safe to run again when the catalog was busy
+            with att.cursor(begin=True) as con:  # one read transaction: one snapshot, one catalog connection
+                files = con.execute(f"SELECT count(*), coalesce(sum(file_size_bytes), 0) FROM {meta}.ducklake_data_file "
+                                    "WHERE end_snapshot IS NULL").fetchone()
+                snapshots = con.execute(f"SELECT count(*) FROM {meta}.ducklake_snapshot").fetchone()[0]
+                inlined = 0
+                for (name,) in con.execute(f"SELECT table_name FROM {meta}.ducklake_inlined_data_tables").fetchall():
+                    inlined += con.execute(f"SELECT count(*) FROM {meta}.{name} WHERE end_snapshot IS NULL").fetchone()[0]
+            return {"data_files": int(files[0]), "data_bytes": int(files[1]), "inlined_rows": int(inlined),
+                    "snapshots": int(snapshots)}
+
+        return _retry_busy(read, self.lock_timeout_s)
 
     def cli_args(self) -> list[str]:
         return ["-cmd", self.where.cli_sql()]
