@@ -17,6 +17,7 @@ from typing import Any
 
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import Config
+from arenaforge.tasks.heap import tenured_heap
 from arenaforge.tasks.models import ChatModel, open_chat_model
 from arenaforge.warehouse.db import Warehouse
 
@@ -75,9 +76,10 @@ class RunScope:
 
 @contextlib.asynccontextmanager
 async def open_run_scope(cfg: Config, wh: Warehouse, run_id: str | None) -> AsyncIterator[RunScope]:
-    async with open_chat_model(cfg.model, wh, run_id) as model:
-        scope = RunScope(cfg, wh, run_id, model)
-        try:
-            yield scope
-        finally:
-            await scope.close()
+    with tenured_heap():  # the run's inputs and caches are not walked again by every full collection
+        async with open_chat_model(cfg.model, wh, run_id) as model:
+            scope = RunScope(cfg, wh, run_id, model)
+            try:
+                yield scope
+            finally:
+                await scope.close()

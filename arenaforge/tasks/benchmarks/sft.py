@@ -86,6 +86,7 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
     `layout`: the warehouse, `lake` (DuckLake, the default) or `file` (one DuckDB file, the layout before
     DuckLake), to time the stages apart from the storage under them."""
     from arenaforge.schemas.config import Config, SftConfig, WarehouseConfig
+    from arenaforge.tasks.heap import tenured_heap
     from arenaforge.tasks.run_scope import open_run_scope
     from arenaforge.tasks.sft import chains, tool_graph
     from arenaforge.tasks.sft import stages as sft_stages
@@ -94,7 +95,8 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
 
     out: dict[str, Any] = {"tools": tools, "servers": servers, "e2e_servers": e2e_servers, "embeddings": embeddings,
                            "layout": layout}
-    with tempfile.TemporaryDirectory() as tmp:
+    # tenured as a flow's run scope is from ingest on (`tasks/heap.py`); the run scopes below nest in this one
+    with tempfile.TemporaryDirectory() as tmp, tenured_heap():
         db = bench_warehouse_path(Path(tmp), layout)
         cfg = Config(warehouse=WarehouseConfig(path=db), out_dir=str(Path(tmp) / "out"),
                      sft=SftConfig(use_embeddings=embeddings, chains_per_server=chains_per_server))
