@@ -2,6 +2,8 @@
 
     synthesize-qas  -> kept QA ids -> build-environments (one task run per batch of QA ids)
     stream-envs     (pipeline = stream: each QA moves on when ready, one task run; tasks/envs/stream.py)
+    runner.kind = ray: every batch at once in the Ray workers; with merge_across they build-tools only and
+                       this process runs finish-environments per batch, in batch order
 
 Composition only: the stages live in `arenaforge/tasks/envs/pipeline.py`. The flow runs in one event
 loop and opens one `RunScope` (the run's model and sandbox pool) that every stage shares. Model-driven
@@ -12,7 +14,9 @@ so a re-run after a crash completes what was missing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +28,10 @@ from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_su
 from arenaforge.flows.outcome import finish
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
+from arenaforge.tasks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
+                                            synthesize_qas)
 from arenaforge.tasks.envs.stream import stream_envs
+from arenaforge.tasks.envs.synthesize_env import SynthResult
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.runs import recorded_run
@@ -73,11 +79,7 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
     batches = chunks(qa_ids, params.batch_size)
     bar = progress("envs-batches", len(batches), "environment batches built")
     if scope.cfg.runner.kind == "ray":
-        if params.merge and params.merge_across and len(batches) > 1:
-            # the workers build the batches at once: none can merge against the groups of the ones before it
-            raise ConfigError("runner.kind = ray builds batches in parallel: set merge_across = false "
-                              "(merging within each batch) or use one batch")
-        for result in await _batches_on_ray(scope, params, batches):
+        async for result in _batches_on_ray(scope, params, batches):
             for key, value in result.items():
                 counts[key] = counts.get(key, 0) + value
             bar.advance()
@@ -88,21 +90,42 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
         bar.advance()
 
 
-async def build_batch_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
-                                batch: list[str]) -> dict[str, int]:
-    """One batch of environments where a Ray worker runs it: the run scope's live objects (HTTP session, sandbox
-    pool) do not travel, so the worker opens its own from the run's config and writes to the same warehouse."""
+@contextlib.asynccontextmanager
+async def _worker_scope(cfg_json: dict[str, Any], run_id: str | None) -> AsyncIterator[RunScope]:
+    """The run scope where a Ray worker runs a batch: the flow's live objects (HTTP session, sandbox pool) do not
+    travel, so the worker opens its own from the run's config, on the same warehouse and run id."""
     cfg = Config.model_validate(cfg_json)
     async with open_run_scope(cfg, _warehouse(cfg), run_id) as scope:
+        yield scope
+
+
+async def build_batch_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
+                                batch: list[str]) -> dict[str, int]:
+    """One whole batch of environments, written by the worker (batches merge within themselves)."""
+    async with _worker_scope(cfg_json, run_id) as scope:
         return await build_environments(scope, params, batch)
+
+
+async def build_tools_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
+                                batch: list[str]) -> SynthResult:
+    """One batch's tools built and sandbox-verified by the worker; the drafts go back to the flow to finish."""
+    async with _worker_scope(cfg_json, run_id) as scope:
+        return await build_tools(scope, params, batch)
 
 
 build_batch_task = task(build_batch_in_worker, name="build-environments", retries=0,
                         tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
+build_tools_task = task(build_tools_in_worker, name="build-tools", retries=0,
+                        tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
+finish_batch_task = task(finish_batch, name="finish-environments", retries=0,
+                         tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
 
 
-async def _batches_on_ray(scope: RunScope, params: EnvsParams, batches: list[list[str]]) -> list[dict[str, int]]:
-    """Every batch as a task run on the Ray cluster at `runner.address` (prefect-ray), all at once; their counts."""
+async def _batches_on_ray(scope: RunScope, params: EnvsParams, batches: list[list[str]]
+                          ) -> AsyncIterator[dict[str, int]]:
+    """Every batch as a task run on the Ray cluster at `runner.address` (prefect-ray), all at once; each batch's
+    counts, in batch order. With `merge_across` the workers only build the tools: this process finishes the
+    batches one at a time in order, each merging against (and drawing distractors from) the ones before it."""
     try:
         from prefect_ray import RayTaskRunner
     except ImportError:
@@ -113,7 +136,10 @@ async def _batches_on_ray(scope: RunScope, params: EnvsParams, batches: list[lis
     env = {k: v for k, v in os.environ.items() if k.startswith(("PREFECT_", "ARENAFORGE_"))}
     runner = RayTaskRunner(address=scope.cfg.runner.address,
                            init_kwargs={"runtime_env": {"env_vars": env}, "log_to_driver": False})
+    job = build_tools_task if params.merge_across else build_batch_task
     with runner:
-        futures = [runner.submit(build_batch_task, {"cfg_json": cfg_json, "run_id": scope.run_id, "params": params,
-                                                    "batch": batch}) for batch in batches]
-        return [await asyncio.to_thread(future.result) for future in futures]
+        futures = [runner.submit(job, {"cfg_json": cfg_json, "run_id": scope.run_id, "params": params,
+                                       "batch": batch}) for batch in batches]
+        for future in futures:
+            result = await asyncio.to_thread(future.result)
+            yield await finish_batch_task(scope, params, result) if params.merge_across else result

@@ -7,7 +7,9 @@ import asyncio
 import importlib.util
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,37 +29,72 @@ def _require_prefect_ray() -> None:
         skip_or_fail("prefect-ray is absent (the `ray` extra; scripts/setup.sh installs it)")
 
 
-def test_envs_on_a_two_node_ray_cluster_matches_the_thread_runner(prefect_server, scripted_openai, tmp_path: Path):
-    from arenaforge.flows.envs_flows import EnvsParams, envs
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Any]:
+    """One head and one worker node for the module's tests (starting them is most of a test's time)."""
     from tests.support.ray_cluster import RayCluster
 
     _require_prefect_ray()
-    scripted_openai.responder = EnvsResponder()
-
-    def run(db: Path, runner: dict) -> dict:
-        params = EnvsParams(
-            sources=["sample"], n=6, seed=0, batch_size=2,
-            overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": scripted_openai.url,
-                       "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
-                       "sandbox.backend": "process", "sandbox.process_allows_model_code": True, **runner})
-        return asyncio.run(envs(params))
-
     short = Path(os.environ.get("TMPDIR", "/tmp")) / f"rt{os.getpid()}"  # unix socket paths are capped at 107 bytes
     short.mkdir(exist_ok=True)
     cluster = RayCluster(short)
     try:
         cluster.start()
-        on_ray = run(tmp_path / "ray.duckdb", {"runner.kind": "ray", "runner.address": cluster.address})
+        yield cluster
     finally:
         cluster.stop()
-    on_threads = run(tmp_path / "threads.duckdb", {})
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def _run(db: Path, url: str, runner: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    from arenaforge.flows.envs_flows import EnvsParams, envs
+
+    params = EnvsParams(
+        sources=["sample"], seed=0, **spec,
+        overrides={"warehouse.path": str(db), "model.backend": "openai", "model.base_url": url,
+                   "model.model": "scripted", "model.max_retries": 1, "model.backoff_base_s": 0.01,
+                   "sandbox.backend": "process", "sandbox.process_allows_model_code": True, **runner})
+    return asyncio.run(envs(params))
+
+
+def _task_runs_in_workers(cluster: Any, name: str) -> int:
+    return sum(log.read_text(errors="replace").count(f":task_name:{name}")
+               for log in (cluster.work / "ray" / "session_latest" / "logs").glob("worker-*.out"))
+
+
+def _on_ray(cluster: Any) -> dict[str, str]:
+    return {"runner.kind": "ray", "runner.address": cluster.address}
+
+
+@pytest.mark.slow
+def test_envs_on_a_two_node_ray_cluster_matches_the_thread_runner(prefect_server, scripted_openai, ray_cluster,
+                                                                  tmp_path: Path):
+    scripted_openai.responder = EnvsResponder()
+    on_ray = _run(tmp_path / "ray.duckdb", scripted_openai.url, _on_ray(ray_cluster), n=6, batch_size=2)
+    on_threads = _run(tmp_path / "threads.duckdb", scripted_openai.url, {}, n=6, batch_size=2)
     ray_wh, thread_wh = Warehouse(tmp_path / "ray.duckdb"), Warehouse(tmp_path / "threads.duckdb")
     assert on_ray["environments"] == on_threads["environments"] == len(thread_wh.load(Environment)) > 0
     for kind in (Environment, QAInstance, QAVerification, Rejection):
         assert sorted(r.id for r in ray_wh.load(kind)) == sorted(r.id for r in thread_wh.load(kind)), kind.__name__
-    ran = sum(log.read_text(errors="replace").count(":task_name:build-environments")
-              for log in (short / "ray" / "session_latest" / "logs").glob("worker-*.out"))
-    assert ran >= 2, "the batches ran as task runs in Ray workers"
-    shutil.rmtree(short, ignore_errors=True)
+    assert _task_runs_in_workers(ray_cluster, "build-environments") >= 2, "the batches ran as task runs in Ray workers"
     _, runs = ray_wh.query("SELECT count(DISTINCT run_id) FROM environments")
     assert runs == [(1,)], "the workers wrote under the flow's run id"
+
+
+TABLES = ["qa_instances", "environments", "env_merges", "merge_candidates", "distractor_sets", "rejections"]
+
+
+@pytest.mark.slow
+def test_merge_across_on_ray_matches_the_thread_runner(prefect_server, scripted_openai, ray_cluster, tmp_path: Path):
+    """The workers build and verify each batch's tools; the flow merges and finishes the batches in order."""
+    scripted_openai.responder = EnvsResponder()
+    spec = {"n": 10, "batch_size": 3, "merge_across": True}  # 4 batches: 2 merges, 1 grown by a later batch
+    on_ray = _run(tmp_path / "ray.duckdb", scripted_openai.url, _on_ray(ray_cluster), **spec)
+    on_threads = _run(tmp_path / "threads.duckdb", scripted_openai.url, {}, **spec)
+    assert on_threads["merges"] > 0 and on_threads.get("merges_grown", 0) > 0, "later batches joined earlier groups"
+    assert {k: v for k, v in on_ray.items() if k != "run_id"} == {k: v for k, v in on_threads.items() if k != "run_id"}
+    ray_wh, thread_wh = Warehouse(tmp_path / "ray.duckdb"), Warehouse(tmp_path / "threads.duckdb")
+    for table in TABLES:
+        ids = [wh.query(f"SELECT id FROM {table} ORDER BY id")[1] for wh in (ray_wh, thread_wh)]
+        assert ids[0] == ids[1], table
+    assert _task_runs_in_workers(ray_cluster, "build-tools") >= 2, "the tools were built in Ray workers"

@@ -4,6 +4,7 @@
                                                                      rejections; returns kept QA ids
     build_environments  kept QA ids -> tools verified in the sandbox  writes environments, env_merges,
                         -> merging -> distractors -> self-test       distractor_sets, rejections
+      = build_tools (the tools part: drafts and rejections, nothing written) then finish_environments
 
 Stages pass references (QA ids), never datasets, and write once per batch at their end, so a
 killed run loses at most the batch in flight and a re-run (content ids) completes it.
@@ -27,7 +28,7 @@ from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, Pool, choose_distractors
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.merge_envs import MergeIndex, ToolGrouper, merge_environments
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
+from arenaforge.tasks.envs.synthesize_env import SynthResult, synthesize_environments
 from arenaforge.tasks.envs.tool_impl import EnvDraft, ToolImpl, assemble
 from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, judge_one, verify_batch
 from arenaforge.tasks.run_scope import RunScope
@@ -88,7 +89,7 @@ def stamp(records: list[Any], run_id: str | None) -> list[Any]:
 async def synthesize_qas(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None
                          ) -> tuple[list[str], dict[str, int]]:
     """Synthesize and verify QA instances from every source; (kept QA ids, counts)."""
-    seed = run.cfg.seed if spec.seed is None else spec.seed
+    seed = run_seed(run, spec)
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     instances: list[QAInstance] = []
     rejections: list[Rejection] = []
@@ -120,32 +121,45 @@ async def build_environments(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
     """Tools, sandbox verification, merging, distractors and self-test for one batch of QA ids."""
     if not qa_ids:
         return {"environments": 0}
-    seed = run.cfg.seed if spec.seed is None else spec.seed
+    timings = timings if timings is not None else {}
+    return await finish_batch(run, spec, await build_tools(run, spec, qa_ids, sources, timings), embed, timings)
+
+
+async def build_tools(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
+                      sources: dict[str, KnowledgeSource] | None = None,
+                      timings: dict[str, float] | None = None) -> SynthResult:
+    """One batch's tools built and verified in the sandbox: its drafts (in synthesis order with
+    `spec.merge_across`) and rejections, nothing written; `finish_environments` takes them on."""
     instances = await asyncio.to_thread(lookups.by_ids, run.wh, QAInstance, qa_ids)
     if spec.merge_across:  # in synthesis order: batches in a row merge as one batch
         order = {qa_id: k for k, qa_id in enumerate(qa_ids)}
         instances.sort(key=lambda qa: order[qa.id])
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
-    return await _build(run, spec, instances, sources, seed, embed, timings if timings is not None else {})
-
-
-async def _build(run: RunScope, spec: EnvsSpec, instances: list[QAInstance], sources: dict[str, KnowledgeSource],
-                 seed: int, embed: Embedder | None, timings: dict[str, float]) -> dict[str, int]:
-    clock = Clock(timings)
+    clock = Clock(timings if timings is not None else {})
     pool = await run.sandbox()
     clock.lap("pool_start_s")
-    rejections: list[Rejection] = []
-    drafts: list[EnvDraft] = []
+    built = SynthResult([], [])
     by_source: dict[str, list[QAInstance]] = {}
     for qa in instances:
         by_source.setdefault(qa.source, []).append(qa)
     for name, qas in by_source.items():
-        builder = ToolBuilder(run.model, sources.get(name), seed)
+        builder = ToolBuilder(run.model, sources.get(name), run_seed(run, spec))
         result = await synthesize_environments(builder, pool, qas, spec.max_attempts, run.run_id)
-        drafts += result.drafts
-        rejections += result.rejections
+        built.drafts += result.drafts
+        built.rejections += result.rejections
     clock.lap("tools_verified_s")
-    return await finish_environments(run, spec, pool, drafts, rejections, seed, embed, clock)
+    return built
+
+
+async def finish_batch(run: RunScope, spec: EnvsSpec, built: SynthResult, embed: Embedder | None = None,
+                       timings: dict[str, float] | None = None) -> dict[str, int]:
+    """`finish_environments` over one batch's `build_tools` result, with the run's sandbox pool and seed."""
+    return await finish_environments(run, spec, await run.sandbox(), built.drafts, built.rejections,
+                                     run_seed(run, spec), embed, Clock(timings if timings is not None else {}))
+
+
+def run_seed(run: RunScope, spec: EnvsSpec) -> int:
+    return run.cfg.seed if spec.seed is None else spec.seed
 
 
 def merge_index(run: RunScope) -> MergeIndex:
