@@ -15,7 +15,8 @@
    Then the streaming pipeline on the same endpoint and inputs, side by side: whole-run shares, the
    timeline (when the last answer came back, the tail after it) and the CPU seconds of the client, the
    sandbox and the endpoint over the run and its tail, which say what bounds the run on this machine.
-   `batch_size` sets both pipelines' chunk/window of kept QAs (default: one for the run).
+   `batch_size` sets both pipelines' chunk/window of kept QAs (default: one for the run); with `merge_across`
+   each merges against the ones before it (the sliding window of `envs synth --merge-across`).
    Needs the repository checkout (it imports the test server).
 """
 
@@ -88,7 +89,8 @@ def answer(req):
 """
 
 
-async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any], batch_size: int) -> None:
+async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[str, Any], batch_size: int,
+                  merge_across: bool = False) -> None:
     from arenaforge.tasks.embeddings import embed
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
@@ -108,7 +110,7 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         # the scripted endpoint's tool code is ours (envs_responder.py), so the process backend may run it
         cfg = Config(model=model, sandbox=SandboxConfig(backend=sandbox, process_allows_model_code=True))  # type: ignore[arg-type]
         wh = Warehouse(Path(tmp) / "bench.duckdb")
-        spec = EnvsSpec(sources=["sample"], n=n, batch_size=batch_size)
+        spec = EnvsSpec(sources=["sample"], n=n, batch_size=batch_size, merge_across=merge_across)
         # Reference, side by side on the same endpoint: the bare model layer, no pipeline work.
         reference = await models_bench._drive(endpoint.url, n, limit, Path(tmp) / "reference.duckdb")
         timings: dict[str, float] = {}
@@ -184,6 +186,7 @@ async def _openai(n: int, limit: int, latency_s: float, sandbox: str, out: dict[
         "tail_sandbox_cpu_s": {"batch": batch_cpu.spent(batch_last)[1], "stream": stream_cpu.spent(stream_last)[1]},
         "endpoint_cpu_s": {"batch": batch_cpu.spent(t0)[2], "stream": stream_cpu.spent(stream_window[0])[2]},
         "batch_size": batch_size,
+        "merge_across": merge_across,
         "stream": stream,
     }
     out["openai"].update(_cpu_bound(out["openai"], {"batch": endpoint.arrivals(t0, t2), "stream": stream["requests"]},
@@ -284,15 +287,15 @@ def _children_cpu(skip: int) -> tuple[float, float]:
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
-         layout: str = "lake", batch_size: int = 100_000) -> dict:
+         layout: str = "lake", batch_size: int = 100_000, merge_across: bool = False) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
 
     `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
     `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
-    the default is one for the whole run."""
+    the default is one for the whole run. `merge_across`: each merges against the ones before it."""
     out: dict[str, Any] = {}
     if not skip_offline:
         await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
     if not skip_openai:
-        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size)
+        await _openai(openai_n, limit, latency_s, sandbox, out, batch_size, merge_across)
     return out
