@@ -82,6 +82,16 @@ def own_pid_namespace() -> None:
     libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
+def batch_scheduling() -> None:
+    """SCHED_BATCH for the worker and every session it forks: a request written to it no longer preempts the
+    writer. Under the default policy each pipe write from the pool's event loop woke the worker onto the
+    writer's core, and the loop (which also keeps the model endpoints busy) lost the CPU mid-write."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):  # not Linux, or refused: the default policy
+        pass
+
+
 def become_subreaper() -> None:
     """Orphans of sessions come back to the worker for reaping."""
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -306,6 +306,7 @@ def main() -> None:
     except (OSError, AttributeError):
         pass
     policy.own_pid_namespace()
+    policy.batch_scheduling()
     policy.become_subreaper()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     Server().run()
