@@ -34,13 +34,15 @@ def merge_candidates(wh: Warehouse, signatures: Sequence[str]) -> list[MergeCand
     return [MergeCandidate.model_validate_json(r[0]) for r in rows]
 
 
-def earlier_runs_candidates(wh: Warehouse, run_id: str | None) -> list[MergeCandidate]:
-    """Every merge candidate other runs wrote before this run's first one, in the order they were written (a run's
-    distractor pool; the cut keeps a re-run's pool what it was, whatever runs came since)."""
+def earlier_runs_candidates(wh: Warehouse, run_id: str | None, limit: int | None = None) -> list[MergeCandidate]:
+    """The merge candidates other runs wrote before this run's first one, in the order they were written (a run's
+    distractor pool; the cut keeps a re-run's pool what it was, whatever runs came since); with `limit`, only the
+    most recent `limit` of them."""
+    newest_first = "ORDER BY created_at DESC, id DESC" + (" LIMIT ?" if limit is not None else "")
     _, rows = wh.query("SELECT record FROM merge_candidates WHERE run_id IS DISTINCT FROM ? AND created_at < coalesce("
                        "(SELECT min(created_at) FROM merge_candidates WHERE run_id = ?), 'infinity'::TIMESTAMP) "
-                       "ORDER BY created_at, id", [run_id, run_id])
-    return [MergeCandidate.model_validate_json(r[0]) for r in rows]
+                       + newest_first, [run_id, run_id, *([limit] if limit is not None else [])])
+    return [MergeCandidate.model_validate_json(r[0]) for r in reversed(rows)]
 
 
 def servers_with_tools(wh: Warehouse, names: Sequence[str] | None = None) -> tuple[list[Server], dict[str, list[Tool]]]:

@@ -36,6 +36,8 @@ def synth(
     merge_across: bool = typer.Option(False, "--merge-across/--merge-within",
                                       help="Merge each batch (stream window) against earlier batches and earlier "
                                       "runs' tools in the warehouse, in synthesis order (default: within each batch)."),
+    distractor_pool_max: int = typer.Option(4096, help="With --merge-across: at most this many of earlier runs' "
+                                            "tools (the most recent) join the distractor pool; 0: none."),
     batch_size: int = typer.Option(400, help="QA instances per environment-building batch."),
     pipeline: str = typer.Option("batch", help="batch (stage by stage) or stream (each QA moves on when ready; "
                                  "threshold keep rule only)."),
@@ -57,6 +59,7 @@ def synth(
             **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
             keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
             distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge, merge_across=merge_across,
+            distractor_pool_max=distractor_pool_max,
             batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
             overrides=st.overrides)
     except ValueError as err:

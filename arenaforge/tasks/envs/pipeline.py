@@ -59,6 +59,9 @@ class EnvsSpec(BaseModel):
         default=False, description="Merge each batch against the tools of the run's earlier batches and of earlier "
                                    "runs in the warehouse, in synthesis order (False: within each batch only, as "
                                    "before; batches read back in id order).")
+    distractor_pool_max: int = Field(
+        default=4096, ge=0, description="With merge_across: at most this many of earlier runs' tools, the most recent, "
+                                        "join the distractor pool (each is embedded once per run; 0: none).")
     batch_size: int = Field(default=400, ge=1, description="QA instances per environment-building batch.")
     pipeline: Literal["batch", "stream"] = Field(
         default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
@@ -172,10 +175,11 @@ def merge_index(run: RunScope) -> MergeIndex:
     return run.merge_index
 
 
-async def distractor_pool(run: RunScope) -> Pool:
-    """The run's distractor pool: on first use, the tools earlier runs wrote as merge candidates."""
+async def distractor_pool(run: RunScope, limit: int) -> Pool:
+    """The run's distractor pool: on first use, the `limit` most recent tools earlier runs wrote as merge
+    candidates (a warehouse of many runs is not loaded and embedded whole)."""
     if run.distractor_pool is None:
-        rows = await asyncio.to_thread(lookups.earlier_runs_candidates, run.wh, run.run_id)
+        rows = await asyncio.to_thread(lookups.earlier_runs_candidates, run.wh, run.run_id, limit)
         run.distractor_pool = Pool([(ToolImpl(r.doc, r.source, r.data, r.signature, [], [], r.origin), r.qa_id)
                                     for r in rows])
     return run.distractor_pool
@@ -200,7 +204,7 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
             drafts, merges, new_groups = merged.drafts, merged.merges, merged.new_groups
             candidates = merged.candidates if spec.merge_across else []  # what later batches and runs merge against
         # in the turn, so each window draws from the windows before it, whatever order they finish in
-        earlier = (await distractor_pool(run)).window(drafts) if spec.merge_across else None
+        earlier = (await distractor_pool(run, spec.distractor_pool_max)).window(drafts) if spec.merge_across else None
     clock.lap("merge_s")
     chosen = await asyncio.to_thread(choose_distractors, drafts, spec.mix(), embed, seed, earlier)
     clock.lap("distractors_s")

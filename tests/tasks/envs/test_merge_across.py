@@ -15,7 +15,7 @@ from arenaforge.schemas.models import Environment
 from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
 from arenaforge.tasks.envs.stream import run_envs
 from arenaforge.tasks.run_scope import open_run_scope
-from arenaforge.warehouse import Warehouse
+from arenaforge.warehouse import Warehouse, lookups
 
 TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "merge_candidates", "distractor_sets",
           "rejections"]
@@ -149,3 +149,19 @@ def test_distractors_come_from_earlier_windows_and_earlier_runs(tmp_path: Path) 
     after = _ids(db)
     _windows(db, "first", n=24, seed=0, size=5)
     assert _ids(db) == after, "a re-run of the first run does not draw from the later run's tools"
+
+
+def test_earlier_runs_join_the_distractor_pool_up_to_its_cap(tmp_path: Path) -> None:
+    """`distractor_pool_max`: a run loads only the most recent tools of earlier runs (in arrival order); 0: none."""
+    db = tmp_path / "wh.duckdb"
+    first = {qa for w in _windows(db, "first", n=24, seed=0, size=5) for qa in w}
+    wh = Warehouse(db)
+    every = lookups.earlier_runs_candidates(wh, "second")
+    assert len(every) > 6
+    assert lookups.earlier_runs_candidates(wh, "second", 6) == every[-6:]
+    assert lookups.earlier_runs_candidates(wh, "second", 0) == []
+
+    _run(db, "second", n=8, seed=1, batch_size=400, distractor_pool_max=0)
+    picks = _picks(db, "second")
+    assert picks and not any(p.source_env in first and p.source_env not in picks for ps in picks.values() for p in ps), \
+        "with the cap at 0 no earlier run's tool is drawn"
