@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from arenaforge.schemas.config import Config
-from arenaforge.schemas.errors import ConfigError, InputError
+from arenaforge.schemas.errors import ConfigError, InputError, first_error
 
 SYNTHESIS_FLOWS = ("ingest", "graph", "sft", "envs")  # the ones worth a schedule
 _DEPLOYMENT_TAGS = {
@@ -189,14 +189,6 @@ def parse_params(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "parameters"
-    if first.get("type") == "missing":
-        return f"{where}: {first['msg']}"
-    return f"{where}: {first['msg']} (got {first.get('input')!r})"
-
-
 def flow_parameters(flow: Any, given: dict[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Validate CLI parameters against the flow's pydantic model; the run's parameters dict.
 
@@ -212,7 +204,7 @@ def flow_parameters(flow: Any, given: dict[str, Any], defaults: Mapping[str, Any
     try:
         value = model.model_validate({**base, **inner})
     except ValidationError as err:
-        raise InputError(f"{flow.name}: invalid parameter {_first_error(err)}") from None
+        raise InputError(f"{flow.name}: invalid parameter {first_error(err)}") from None
     return {pname: value.model_dump(mode="json")}
 
 

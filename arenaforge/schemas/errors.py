@@ -26,6 +26,7 @@ allowed to raise with its traceback.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
 class FailureKind(StrEnum):
@@ -93,3 +94,15 @@ class SandboxError(ArenaforgeError):
 
 class ContractError(ArenaforgeError):
     pass
+
+
+def first_error(err: Any) -> str:
+    """A pydantic `ValidationError`'s first error on one line: `where: message (got value)`."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if not where:  # a rule over several fields: its input is all of them
+        return f"parameters: {message}"
+    if first.get("type") == "missing":
+        return f"{where}: {message}"
+    return f"{where}: {message} (got {first.get('input')!r})"

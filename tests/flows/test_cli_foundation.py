@@ -57,6 +57,10 @@ def test_user_mistakes_are_one_line_and_nonzero(tmp_path):
         (["--db", db, "db", "query", "SELEC 1"], "query failed"),
         (["--db", db, "db", "export", "tools", "--format", "xml"], "unknown format"),
         (["--config", str(tmp_path / "missing.toml"), "config", "show"], "does not exist"),
+        (["--db", db, "envs", "synth", "--distractor-pool-max", "-1"],
+         "envs synth: --distractor-pool-max: Input should be greater than or equal to 0 (got -1)"),
+        (["--db", db, "envs", "synth", "--pipeline", "stream", "--keep-rule", "percentile"],
+         "envs synth: parameters: pipeline stream keeps QAs by threshold only"),
     ]
     for args, message in cases:
         res = cli(*args, cwd=tmp_path)

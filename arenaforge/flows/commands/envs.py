@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
-from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.errors import InputError, first_error
 
 app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
 
@@ -62,8 +63,10 @@ def synth(
             distractor_pool_max=distractor_pool_max,
             batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
             overrides=st.overrides)
-    except ValueError as err:
-        raise InputError(f"envs synth: {str(err).splitlines()[0]} ({err})") from None
+    except ValidationError as err:  # one line; a field's error is named as its flag
+        where, rest = first_error(err).split(": ", 1)
+        flag = where if where == "parameters" else "--" + where.replace("_", "-")
+        raise InputError(f"envs synth: {flag}: {rest}") from None
     from arenaforge.flows.outcome import run_and_report
 
     run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))
