@@ -105,6 +105,12 @@ class SandboxConfig(_Section):
     memory_mb: int = Field(default=512, ge=32, description="Address space of one session process.")
     pids: int = Field(default=64, ge=8, description="Processes one session may run.")
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
+    nice: int = Field(
+        default=19, ge=0, le=19,
+        description="Process backend: the nice value of workers and their sessions, which share the flow's "
+                    "autogroup, so where both want a core the flow's process (it keeps the model endpoints busy) gets "
+                    "it first. 0: equal footing. Docker containers are cgroups of their own, weighed as one group.",
+    )
     output_limit_bytes: int = Field(
         default=65536, ge=256, description="Output kept per call (what the agent sees); the rest is cut with a marker."
     )

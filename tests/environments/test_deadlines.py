@@ -166,8 +166,11 @@ HOG = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass  # arenaforge-t
 async def _hog_on_cpu0(worker, session_pid: int):
     """A busy loop on CPU 0 in the session's own cgroup (the container's, or this process's)."""
     container = getattr(worker.transport, "container", None)
-    autogroup = f"/proc/{session_pid}/autogroup"  # nice values only weigh within one autogroup: lower the worker's
-    lowered = container is None and os.path.exists(autogroup)
+    # nice values only weigh within one autogroup: where the session has one of its own, lower it too (the process
+    # backend's workers share the pool's, where the session's nice value already weighs against the hog)
+    autogroup = f"/proc/{session_pid}/autogroup"
+    before = _read(autogroup) if container is None else ""
+    lowered = bool(before) and before.split(" nice ")[0] != _read("/proc/self/autogroup").split(" nice ")[0]
     if lowered:
         with open(autogroup, "w") as fh:
             fh.write("19")
@@ -191,7 +194,15 @@ async def _hog_on_cpu0(worker, session_pid: int):
             hog.wait()
         if lowered:  # the session may be gone by now (a timed-out call's session is killed): nothing to restore
             with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(autogroup, "w") as fh:
-                fh.write("0")
+                fh.write(before.split(" nice ")[1])
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def _owner(pid: str) -> int:

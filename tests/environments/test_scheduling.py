@@ -1,10 +1,17 @@
-"""Sandbox workers and their sessions run under SCHED_BATCH (`worker.policy.batch_scheduling`): a request written to
-a worker does not preempt the pool's event loop, which also keeps the model endpoints busy."""
+"""Sandbox workers and their sessions yield the CPU to the pool's own process, which also keeps the model endpoints
+busy: SCHED_BATCH (`worker.policy.batch_scheduling`: a request written to a worker does not preempt the pool's event
+loop) and, on the process backend, the nice value `sandbox.nice`, weighed in the pool's own autogroup: its workers stay
+in the pool's session and give up its terminal (`worker.policy.leave_terminal`)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -14,24 +21,98 @@ from arenaforge.schemas.models import Environment, FunctionDoc
 from tests.support.requirements import require_docker
 
 POLICY = Environment(
-    name="policy", tools=[FunctionDoc(name="policy", description="The session's CPU scheduling policy.")],
-    code="import os\n\ndef policy():\n    return os.sched_getscheduler(0)\n")
+    name="policy", tools=[FunctionDoc(name="policy", description="The session's CPU scheduling.")],
+    code=textwrap.dedent("""
+        import json, os
+
+        def policy():
+            try:
+                with open("/proc/self/autogroup") as fh:
+                    group = fh.read().split(" nice ")[0]
+            except OSError:
+                group = ""
+            return json.dumps({"policy": os.sched_getscheduler(0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                               "autogroup": group})
+        """))
 
 
-@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
-def test_a_session_runs_under_sched_batch(backend: str) -> None:
-    if backend == "docker":
-        require_docker()
-
-    async def scenario() -> str | None:
-        async with await create_pool(SandboxConfig(backend=backend, pool_size=1)) as pool:
+def _session_scheduling(backend: str, **cfg: object) -> dict:
+    async def scenario() -> dict:
+        async with await create_pool(SandboxConfig(backend=backend, pool_size=1, **cfg)) as pool:  # type: ignore[arg-type]
             session = await pool.open(POLICY)
             try:
                 obs = await pool.call(session, "policy", {})
             finally:
                 await pool.close(session)
             assert obs.outcome == "ok", obs
-            return obs.output
+            return json.loads(obs.output)
 
-    assert asyncio.run(scenario()) == str(os.SCHED_BATCH)
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_session_runs_under_sched_batch(backend: str) -> None:
+    if backend == "docker":
+        require_docker()
+    got = _session_scheduling(backend)
+    assert got["policy"] == os.SCHED_BATCH
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the pool's own process keeps the default policy
+
+
+def test_a_process_session_runs_at_the_configured_nice_value_in_the_pools_autogroup() -> None:
+    assert SandboxConfig().nice == 19
+    assert _session_scheduling("process")["nice"] == 19
+    assert _session_scheduling("process", nice=7)["nice"] == 7
+    got = _session_scheduling("process", nice=0)
+    assert got["nice"] == 0
+    if os.path.exists("/proc/self/autogroup"):  # a kernel that groups by session: the session is in ours
+        with open("/proc/self/autogroup") as fh:
+            assert got["autogroup"] == fh.read().split(" nice ")[0]
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the pool's own process keeps its priority
+
+
+TTY = Environment(
+    name="tty", tools=[FunctionDoc(name="tty", description="Try to open the controlling terminal.")],
+    code=textwrap.dedent("""
+        import os
+
+        def tty():
+            try:
+                os.close(os.open("/dev/tty", os.O_RDWR))
+            except OSError as err:
+                return f"refused: {err.strerror}"
+            return "opened"
+        """))
+
+FLOW = """
+import asyncio, os, sys
+from arenaforge.environments.runtime import create_pool
+from arenaforge.schemas.config import SandboxConfig
+from tests.environments.test_scheduling import TTY
+
+os.close(os.open("/dev/tty", os.O_RDWR))  # this process has a controlling terminal
+
+async def main():
+    async with await create_pool(SandboxConfig(backend="process", pool_size=1)) as pool:
+        session = await pool.open(TTY)
+        obs = await pool.call(session, "tty", {})
+        print("SESSION", obs.outcome, obs.output, flush=True)
+
+asyncio.run(main())
+os.close(os.open("/dev/tty", os.O_RDWR))  # and still has it
+print("FLOW still has its terminal", flush=True)
+"""
+
+
+def test_a_process_session_cannot_open_the_pools_terminal(tmp_path: Path) -> None:
+    """The process backend keeps workers in the pool's session (its autogroup), where a terminal may be: the worker
+    gives it up before any session is forked, so tool code cannot write to it or push input into it."""
+    flow = tmp_path / "flow.py"
+    flow.write_text(FLOW)
+    # pty.spawn: the flow runs as a session leader with a pseudo-terminal as its controlling terminal
+    done = subprocess.run([sys.executable, "-c", "import pty, sys; pty.spawn([sys.executable, sys.argv[1]])", str(flow)],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    out = done.stdout.replace("\r", "")
+    assert "SESSION ok refused: No such device or address" in out, out + done.stderr
+    assert "FLOW still has its terminal" in out, out + done.stderr

@@ -92,6 +92,25 @@ def batch_scheduling() -> None:
         pass
 
 
+def leave_terminal() -> None:
+    """Give up the controlling terminal the worker may share with the pool's session (the process backend keeps
+    workers in that session, and so in its scheduling group): no session can then open /dev/tty, write to the
+    user's terminal or push input into it. A no-op without one (Docker, a service, CI)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return
+    try:
+        import fcntl
+        import termios
+
+        fcntl.ioctl(fd, termios.TIOCNOTTY)  # not a session leader: detaches this process alone
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def become_subreaper() -> None:
     """Orphans of sessions come back to the worker for reaping."""
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -233,7 +252,9 @@ def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()
         os.setgid(uid)
         os.setuid(uid)
     else:
-        os.setsid()  # no uid of its own: its processes are found by process group
+        # no uid of its own: its processes are found by process group. A group, not a session of its own: a new
+        # session is a new autogroup, which the kernel would weigh against the pool's process as an equal
+        os.setpgid(0, 0)
         _drop_capabilities()  # and no privilege, even as root or in the worker's user namespace
     mem = int(limits["memory_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))

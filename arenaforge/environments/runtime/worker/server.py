@@ -305,6 +305,7 @@ def main() -> None:
         ctypes.CDLL(None).prctl(policy.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # die with the pool
     except (OSError, AttributeError):
         pass
+    policy.leave_terminal()
     policy.own_pid_namespace()
     policy.batch_scheduling()
     policy.become_subreaper()
