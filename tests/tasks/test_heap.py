@@ -38,6 +38,18 @@ def test_survivors_are_tenured_and_a_cycle_that_dies_among_them_is_freed_when_th
     assert dead_old() is None  # handed back and freed
 
 
+def test_what_is_alive_when_the_outermost_scope_opens_is_tenured_at_once() -> None:
+    before = Node()
+    dead = weakref.ref(before)
+    with tenured_heap():
+        assert gc.get_freeze_count() > 0  # before any collection in the scope
+        del before
+        gc.collect()
+        assert dead() is not None  # tenured as the scope opened: the collector skips it
+    gc.collect()
+    assert dead() is None  # handed back and freed
+
+
 def test_scopes_nest_and_overlap_across_threads_and_the_last_to_end_hands_everything_back() -> None:
     inner_done, outer_may_end = threading.Event(), threading.Event()
 
