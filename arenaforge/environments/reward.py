@@ -20,6 +20,7 @@ it is reported unclipped for transparency and the F1 is clipped to [0, 1].
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -32,9 +33,23 @@ _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
 _PUNCT = re.compile(r"[^\w\s.\-+/:]")
 
 
+# answers and short observations recur (merging checks every pair of tools' gold answers, a rollout's gold answers
+# meet every observation): those are normalised once; long texts would only fill the cache
+_CACHED_LEN = 1024
+
+
 def normalise(text: str) -> str:
     """Case-folded, accent-stripped, punctuation-light, whitespace-collapsed text."""
     text = str(text)
+    return _normalise_cached(text) if len(text) <= _CACHED_LEN else _normalise(text)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _normalise_cached(text: str) -> str:
+    return _normalise(text)
+
+
+def _normalise(text: str) -> str:
     if not text.isascii():  # ASCII has no decompositions or combining marks: skip the per-character pass
         text = unicodedata.normalize("NFKD", text)
         text = "".join(ch for ch in text if not unicodedata.combining(ch))
@@ -44,16 +59,26 @@ def normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-def _numbers(text: str) -> list[float]:
+def _numbers(text: str) -> tuple[float, ...]:
+    return _numbers_cached(text) if len(text) <= _CACHED_LEN else _find_numbers(text)
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def _numbers_cached(text: str) -> tuple[float, ...]:
+    return _find_numbers(text)
+
+
+def _find_numbers(text: str) -> tuple[float, ...]:
     out = []
     for match in _NUMBER.findall(text):
         try:
             out.append(float(match.replace(",", "")))
         except ValueError:
             continue
-    return out
+    return tuple(out)
 
 
+@functools.lru_cache(maxsize=1 << 15)  # only ever called on gold answers, which are short and recur
 def _as_number(text: str) -> float | None:
     stripped = text.strip().replace(",", "")
     try:
@@ -75,8 +100,12 @@ def answer_matches(gold: str, observation: str) -> bool:
     g = normalise(gold)
     if not g:
         return False
-    o = normalise(observation)
-    return re.search(rf"(?<![\w]){re.escape(g)}(?![\w])", o) is not None
+    return _whole_words(g).search(normalise(observation)) is not None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _whole_words(normalised: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<![\w]){re.escape(normalised)}(?![\w])")
 
 
 def gold_call_passes(answer: str | None, outcome: str, output: str) -> bool:

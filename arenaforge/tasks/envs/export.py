@@ -50,13 +50,14 @@ def _harbor_file(name: str) -> str:
 def grade_source() -> str:
     """grade.py: the reward functions of arenaforge/environments/reward.py, by source, plus the log check."""
     parts = [inspect.getsource(getattr(reward_module, name)) for name in
-             ("normalise", "_numbers", "_as_number", "answer_matches", "solved_subtasks", "f1_reward")]
+             ("normalise", "_normalise_cached", "_normalise", "_numbers", "_numbers_cached", "_find_numbers",
+              "_as_number", "answer_matches", "_whole_words", "solved_subtasks", "f1_reward")]
     consts = (f"EPSILON = {reward_module.EPSILON!r}\n_NUMBER = re.compile({reward_module._NUMBER.pattern!r})\n"
-              f"_PUNCT = re.compile({reward_module._PUNCT.pattern!r})\n")
+              f"_PUNCT = re.compile({reward_module._PUNCT.pattern!r})\n_CACHED_LEN = {reward_module._CACHED_LEN!r}\n")
     head = ('"""Harbor verifier: F1 reward (copied from arenaforge/environments/reward.py) over the tools '
             'service\'s signed call log."""\n'
             "from __future__ import annotations\n\n"
-            "import hashlib, hmac, json, math, os, re, unicodedata, urllib.request\n"
+            "import functools, hashlib, hmac, json, math, os, re, unicodedata, urllib.request\n"
             "from collections.abc import Iterable, Sequence\n\n")
     return head + consts + "\n\n" + "\n\n".join(parts) + _harbor_file("grade_main.py.tmpl")
 

@@ -178,8 +178,11 @@ def _without_foreign_answers(data: Any, members: list[ToolImpl]) -> Any:
         return data
     golds = [c.answer or "" for t in members for c in t.calls]
     gold_keys = {str(v) for t in members for c in t.calls for v in c.arguments.values()}
-    return {k: v for k, v in data.items()
-            if k in gold_keys or not any(answer_matches(g, json.dumps(v)) for g in golds)}
+    return {k: v for k, v in data.items() if k in gold_keys or not _answers_any(golds, json.dumps(v))}
+
+
+def _answers_any(golds: list[str], text: str) -> bool:
+    return any(answer_matches(g, text) for g in golds)
 
 
 async def check_merged(pool: Any, tool: ToolImpl, members: list[tuple[str, ToolImpl]]) -> list[str]:
@@ -259,10 +262,14 @@ async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDr
     grouped: set[tuple[int, str]] = set()
     touched: list[tuple[_Group, list[_Member], list[tuple[int, _Member]]]] = []  # (group, subset, new members)
 
+    env_ids: dict[int, str] = {}  # per draft: its environment's content id, computed once for all its tools
+
     def join(group: _Group, i: int, t: ToolImpl) -> None:
         key = f"{drafts[i].qa.id}/{t.name}"
+        if i not in env_ids:
+            env_ids[i] = drafts[i].environment().id
         member = _Member(key, drafts[i].qa.id, t,
-                         MergeMember(env_id=drafts[i].environment().id, qa_id=drafts[i].qa.id, tool=t.name), group.size)
+                         MergeMember(env_id=env_ids[i], qa_id=drafts[i].qa.id, tool=t.name), group.size)
         group.size += 1
         subset = group.place(member)
         index.where[key] = (group, subset)
