@@ -287,12 +287,14 @@ def _children_cpu(skip: int) -> tuple[float, float]:
 
 async def main(n: int = 300, sources: str = "sample", shared_data: str = "", openai_n: int = 4096, limit: int = 128,
          latency_s: float = 0.3, sandbox: str = "process", skip_openai: bool = False, skip_offline: bool = False,
-         layout: str = "lake", batch_size: int = 100_000, merge_across: bool = False) -> dict:
+         layout: str = "lake", batch_size: int = 112, merge_across: bool = True) -> dict:
     """Verified envs/minute offline (goal >= 300), and the concurrency-limit busy share at limit 128 (goal >= 0.9).
 
     `layout`: the offline run's warehouse, `lake` (the default) or `file` (one DuckDB file, as before DuckLake).
-    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see;
-    the default is one for the whole run. `merge_across`: each merges against the ones before it."""
+    `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see:
+    the default 112 makes three windows of the 336 QAs the default 4,096 decompositions keep (100000: one for the
+    whole run). `merge_across` (default on; --no-merge-across): each merges against the ones before it, so the
+    windows make the one window's merges: the sliding window of `envs synth --pipeline stream --merge-across`."""
     out: dict[str, Any] = {}
     if not skip_offline:
         await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)
