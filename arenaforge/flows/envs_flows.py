@@ -13,11 +13,7 @@ so a re-run after a crash completes what was missing.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -26,14 +22,13 @@ from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.schemas.config import Config, load_config
-from arenaforge.schemas.errors import ConfigError
+from arenaforge.flows.ray_runner import on_ray, warehouse, worker_config, worker_scope
+from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
                                             synthesize_qas)
 from arenaforge.tasks.envs.stream import stream_envs
 from arenaforge.tasks.envs.synthesize_env import SynthResult
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
-from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.runs import recorded_run
 
 
@@ -51,16 +46,11 @@ build_environments_task = task(build_environments, name="build-environments", re
 stream_envs_task = task(stream_envs, name="stream-envs", retries=0, tags=[MODEL_ENDPOINT, SANDBOX], cache_policy=NONE)
 
 
-def _warehouse(cfg: Any) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
-                     data_path=cfg.warehouse.data_path)
-
-
 @flow(name="envs", log_prints=True)
 async def envs(params: EnvsParams) -> dict[str, int]:
     """Synthesize verified, executable RL environments (ASTRA §1b) into the warehouse."""
     cfg = load_config(params.config_path, overrides=params.overrides)
-    wh = _warehouse(cfg)
+    wh = warehouse(cfg)
     with recorded_run(wh, "envs", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
             await _stages(scope, params, counts)
@@ -90,26 +80,17 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
         bar.advance()
 
 
-@contextlib.asynccontextmanager
-async def _worker_scope(cfg_json: dict[str, Any], run_id: str | None) -> AsyncIterator[RunScope]:
-    """The run scope where a Ray worker runs a batch: the flow's live objects (HTTP session, sandbox pool) do not
-    travel, so the worker opens its own from the run's config, on the same warehouse and run id."""
-    cfg = Config.model_validate(cfg_json)
-    async with open_run_scope(cfg, _warehouse(cfg), run_id) as scope:
-        yield scope
-
-
 async def build_batch_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
                                 batch: list[str]) -> dict[str, int]:
     """One whole batch of environments, written by the worker (batches merge within themselves)."""
-    async with _worker_scope(cfg_json, run_id) as scope:
+    async with worker_scope(cfg_json, run_id) as scope:
         return await build_environments(scope, params, batch)
 
 
 async def build_tools_in_worker(cfg_json: dict[str, Any], run_id: str | None, params: EnvsParams,
                                 batch: list[str]) -> SynthResult:
     """One batch's tools built and sandbox-verified by the worker; the drafts go back to the flow to finish."""
-    async with _worker_scope(cfg_json, run_id) as scope:
+    async with worker_scope(cfg_json, run_id) as scope:
         return await build_tools(scope, params, batch)
 
 
@@ -126,20 +107,12 @@ async def _batches_on_ray(scope: RunScope, params: EnvsParams, batches: list[lis
     """Every batch as a task run on the Ray cluster at `runner.address` (prefect-ray), all at once; each batch's
     counts, in batch order. With `merge_across` the workers only build the tools: this process finishes the
     batches one at a time in order, each merging against (and drawing distractors from) the ones before it."""
-    try:
-        from prefect_ray import RayTaskRunner
-    except ImportError:
-        raise ConfigError("runner.kind = ray needs prefect-ray: pip install 'arenaforge[ray]'") from None
-    cfg_json = scope.cfg.model_dump(mode="json")
-    cfg_json["warehouse"]["path"] = str(Path(scope.cfg.warehouse.path).resolve())  # workers start elsewhere
-    # the workers report their task runs to this flow's Prefect API
-    env = {k: v for k, v in os.environ.items() if k.startswith(("PREFECT_", "ARENAFORGE_"))}
-    runner = RayTaskRunner(address=scope.cfg.runner.address,
-                           init_kwargs={"runtime_env": {"env_vars": env}, "log_to_driver": False})
     job = build_tools_task if params.merge_across else build_batch_task
-    with runner:
-        futures = [runner.submit(job, {"cfg_json": cfg_json, "run_id": scope.run_id, "params": params,
-                                       "batch": batch}) for batch in batches]
-        for future in futures:
-            result = await asyncio.to_thread(future.result)
-            yield await finish_batch_task(scope, params, result) if params.merge_across else result
+    inputs = [{"cfg_json": worker_config(scope.cfg), "run_id": scope.run_id, "params": params, "batch": batch}
+              for batch in batches]
+
+    async def in_this_process(result: Any) -> Any:
+        return await finish_batch_task(scope, params, result) if params.merge_across else result
+
+    async for counts in on_ray(scope, job, inputs, in_this_process):
+        yield counts

@@ -3,6 +3,8 @@
     ingest  : ingest-tools                                   -> tools, servers, rejections
     graph   : build-graphs                                   -> graph_edges
     sft     : sample-chains -> synthesize-tasks -> run-trajectories -> judge-trajectories [-> export-sft]
+              runner.kind = ray: run-and-judge-trajectories per batch of tasks in the Ray workers, all at once,
+              then record-walks here
 
 Composition only: the stages live in `arenaforge/tasks/sft/stages.py` and pass ids between them. Each
 flow runs in one event loop with one `RunScope` (the run's model and sandbox pool) shared by its
@@ -24,10 +26,10 @@ from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from arenaforge.flows.outcome import finish
+from arenaforge.flows.ray_runner import on_ray, warehouse, worker_config, worker_scope
 from arenaforge.schemas.config import Config, load_config
-from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.runs import recorded_run
 
 
@@ -53,15 +55,12 @@ class SftParams(_ConfigRef):
     seed: int | None = Field(default=None, description="Seed of walks, queries and simulators (default: config seed).")
     server_only: bool = Field(default=True, description="Also write server-only tasks (not conditioned on a chain).")
     export_dir: str | None = Field(default=None, description="Export kept trajectories of this run here (JSONL+Parquet).")
+    batch_size: int = Field(default=64, ge=1, description="runner.kind = ray: tasks per batch whose trajectories a "
+                                                          "worker runs and judges (one task run each).")
 
 
 def _absolute(path: str) -> str:
     return str(Path(path).expanduser().resolve())
-
-
-def _warehouse(cfg: Config) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
-                     data_path=cfg.warehouse.data_path)
 
 
 # Stages take the run scope (live objects: an HTTP session, a sandbox pool), never part of a cache key.
@@ -76,13 +75,45 @@ trajectories_task = task(sft_stages.run_trajectories, name="run-trajectories", r
                          cache_policy=NONE)
 judge_task = task(sft_stages.judge, name="judge-trajectories", retries=0, tags=[MODEL_ENDPOINT], cache_policy=NONE)
 export_task = task(sft_stages.export, name="export-sft", retries=1, cache_policy=NONE)
+record_walks_task = task(sft_stages.record_walks, name="record-walks", retries=0, cache_policy=NONE)
+
+
+async def run_and_judge_in_worker(cfg_json: dict[str, Any], run_id: str | None, task_ids: list[str],
+                                  seed: int) -> tuple[list[str], dict[str, int]]:
+    """One batch of tasks on a Ray worker: their trajectories run, written and judged (each episode's seed is its
+    task's, so a batch's rows are the thread runner's); the walks are recorded by the flow."""
+    async with worker_scope(cfg_json, run_id) as scope:
+        trajectory_ids, counts = await sft_stages.run_trajectories(scope, task_ids, seed)
+        _, judged = await sft_stages.judge(scope, trajectory_ids, record_uses=False)
+    return trajectory_ids, {**counts, **judged}
+
+
+run_and_judge_task = task(run_and_judge_in_worker, name="run-and-judge-trajectories", retries=0,
+                          tags=[MODEL_ENDPOINT], cache_policy=NONE)
+
+
+async def _episodes_on_ray(scope: RunScope, task_ids: list[str], seed: int, batch_size: int) -> dict[str, int]:
+    """Every batch of tasks run and judged on the Ray cluster at once; then the walks of every trajectory recorded."""
+    batches = [task_ids[i:i + batch_size] for i in range(0, len(task_ids), batch_size)]
+    inputs = [{"cfg_json": worker_config(scope.cfg), "run_id": scope.run_id, "task_ids": b, "seed": seed}
+              for b in batches]
+    trajectory_ids: list[str] = []
+    counts: dict[str, int] = {}
+    async for ids, batch_counts in on_ray(scope, run_and_judge_task, inputs):
+        trajectory_ids += ids
+        for key, value in batch_counts.items():
+            counts[key] = counts.get(key, 0) + value
+    calls = counts.get("tool_calls", 0)
+    counts["fault_rate_permille"] = round(counts.get("faults_injected", 0) / calls * 1000) if calls else 0
+    await record_walks_task(scope, trajectory_ids)
+    return counts
 
 
 @flow(name="ingest", log_prints=True)
 async def ingest(params: IngestParams) -> dict[str, int]:
     """Ingest tool documents and live MCP servers into normalised tools grouped by server."""
     cfg = params.config()
-    wh = _warehouse(cfg)
+    wh = warehouse(cfg)
     params = params.model_copy(update={"paths": [_absolute(p) for p in params.paths]})
     with recorded_run(wh, "ingest", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
@@ -96,7 +127,7 @@ async def ingest(params: IngestParams) -> dict[str, int]:
 async def graph(params: GraphParams) -> dict[str, int]:
     """Build each server's tool-call graph (data flow, plus the chains the run's model proposes)."""
     cfg = params.config()
-    wh = _warehouse(cfg)
+    wh = warehouse(cfg)
     with recorded_run(wh, "graph", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
             counts.update(await build_graphs_task(scope, params.servers))
@@ -109,7 +140,7 @@ async def graph(params: GraphParams) -> dict[str, int]:
 async def sft(params: SftParams) -> dict[str, Any]:
     """Chains -> tasks -> trajectories -> seven-dimension scores (ASTRA §1a), optionally exported."""
     cfg = params.config()
-    wh = _warehouse(cfg)
+    wh = warehouse(cfg)
     seed = cfg.seed if params.seed is None else params.seed
     if params.export_dir:
         params = params.model_copy(update={"export_dir": _absolute(params.export_dir)})
@@ -124,11 +155,15 @@ async def sft(params: SftParams) -> dict[str, Any]:
                                                       server_only=params.server_only)
             counts.update(c)
             bar.advance()
-            trajectory_ids, c = await trajectories_task(scope, task_ids, seed)
-            counts.update(c)
-            bar.advance()
-            _, c = await judge_task(scope, trajectory_ids)
-            counts.update(c)
+            if cfg.runner.kind == "ray":
+                counts.update(await _episodes_on_ray(scope, task_ids, seed, params.batch_size))
+                bar.advance()
+            else:
+                trajectory_ids, c = await trajectories_task(scope, task_ids, seed)
+                counts.update(c)
+                bar.advance()
+                _, c = await judge_task(scope, trajectory_ids)
+                counts.update(c)
             bar.advance()
             if params.export_dir:
                 report = await export_task(scope, params.export_dir)

@@ -61,6 +61,8 @@ def test_user_mistakes_are_one_line_and_nonzero(tmp_path):
          "envs synth: --distractor-pool-max: Input should be greater than or equal to 0 (got -1)"),
         (["--db", db, "envs", "synth", "--pipeline", "stream", "--keep-rule", "percentile"],
          "envs synth: parameters: pipeline stream keeps QAs by threshold only"),
+        (["--db", db, "sft", "synth", "--batch-size", "0"],
+         "sft synth: --batch-size: Input should be greater than or equal to 1 (got 0)"),
     ]
     for args, message in cases:
         res = cli(*args, cwd=tmp_path)

@@ -98,3 +98,39 @@ def test_merge_across_on_ray_matches_the_thread_runner(prefect_server, scripted_
         ids = [wh.query(f"SELECT id FROM {table} ORDER BY id")[1] for wh in (ray_wh, thread_wh)]
         assert ids[0] == ids[1], table
     assert _task_runs_in_workers(ray_cluster, "build-tools") >= 2, "the tools were built in Ray workers"
+
+
+SFT_TABLES = ["tool_chains", "tasks", "trajectories", "judge_scores", "rejections"]
+
+
+def _sft_warehouse(db: Path, runner: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    """The bundled sample tools ingested and graphed, then the sft flow, offline, on `runner`."""
+    from importlib import resources
+
+    from arenaforge.flows.sft_flows import GraphParams, IngestParams, SftParams, graph, ingest, sft
+
+    overrides = {"warehouse.path": str(db), "sandbox.backend": "process"}
+    sample = str(resources.files("arenaforge.tasks.data").joinpath("sample_tools"))
+    asyncio.run(ingest(IngestParams(paths=[sample], overrides=overrides)))
+    asyncio.run(graph(GraphParams(overrides=overrides)))
+    return asyncio.run(sft(SftParams(seed=3, batch_size=batch_size, overrides={**overrides, **runner})))
+
+
+@pytest.mark.slow
+def test_sft_trajectories_on_a_two_node_ray_cluster_match_the_thread_runner(prefect_server, ray_cluster,
+                                                                          tmp_path: Path):
+    """The workers run and judge the trajectories batch by batch; the flow records the walks once all are judged."""
+    on_ray = _sft_warehouse(tmp_path / "ray.duckdb", _on_ray(ray_cluster), batch_size=5)
+    on_threads = _sft_warehouse(tmp_path / "threads.duckdb", {}, batch_size=5)
+    assert on_threads["trajectories"] > 5, "more than one batch"
+    assert {k: v for k, v in on_ray.items() if k != "run_id"} == {k: v for k, v in on_threads.items() if k != "run_id"}
+    ray_wh, thread_wh = Warehouse(tmp_path / "ray.duckdb"), Warehouse(tmp_path / "threads.duckdb")
+    for table in SFT_TABLES:
+        ids = [wh.query(f"SELECT id FROM {table} ORDER BY id")[1] for wh in (ray_wh, thread_wh)]
+        assert ids[0] == ids[1], table
+    edges = "SELECT server, src, dst, uses FROM graph_edges ORDER BY server, src, dst"
+    assert ray_wh.query(edges)[1] == thread_wh.query(edges)[1], "every walked edge counted once per trajectory"
+    assert sum(row[3] for row in thread_wh.query(edges)[1]) > 0
+    assert _task_runs_in_workers(ray_cluster, "run-and-judge-trajectories") >= 2, "the batches ran in Ray workers"
+    _, runs = ray_wh.query("SELECT count(DISTINCT run_id) FROM trajectories")
+    assert runs == [(1,)], "the workers wrote under the flow's run id"

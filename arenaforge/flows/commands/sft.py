@@ -18,16 +18,23 @@ def synth(
     seed: int = typer.Option(None, help="Seed of walks, queries and simulators (default: config seed)."),
     server_only: bool = typer.Option(True, "--server-only/--chains-only", help="Also write server-only tasks."),
     export: str = typer.Option(None, "--export", help="Export this run's kept trajectories to this folder."),
+    batch_size: int = typer.Option(64, help="runner.kind = ray: tasks per batch a worker runs and judges."),
 ) -> None:
     """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
-    from arenaforge.flows.sft_flows import SftParams, sft
+    from pydantic import ValidationError
 
     from arenaforge.flows.outcome import run_and_report
+    from arenaforge.flows.sft_flows import SftParams, sft
+    from arenaforge.schemas.errors import InputError, first_error
 
     st = state(ctx)
-    run_and_report("sft", st.warehouse(), lambda: run_flow(sft(SftParams(
-        servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
-        config_path=st.config_path, overrides=st.overrides))))
+    try:
+        params = SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
+                           batch_size=batch_size, config_path=st.config_path, overrides=st.overrides)
+    except ValidationError as err:  # one line, named as the flag
+        where, rest = first_error(err).split(": ", 1)
+        raise InputError(f"sft synth: --{where.replace('_', '-')}: {rest}") from None
+    run_and_report("sft", st.warehouse(), lambda: run_flow(sft(params)))
 
 
 @app.command("export")

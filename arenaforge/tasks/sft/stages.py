@@ -111,7 +111,10 @@ async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0
         "fault_rate_permille": round(rate * 1000), "trajectory_rejections": len(batch.rejections)}
 
 
-async def judge(run: RunScope, trajectory_ids: Sequence[str]) -> tuple[list[str], dict[str, int]]:
+async def judge(run: RunScope, trajectory_ids: Sequence[str], record_uses: bool = True
+                ) -> tuple[list[str], dict[str, int]]:
+    """Seven-dimension scores of the trajectories; then (`record_uses`) the graph edges they walked count as used
+    (a batch judged on a Ray worker leaves that to the flow, once every batch is judged: `record_walks`)."""
     wh, run_id = run.wh, run.run_id
     trajectories = lookups.by_ids(wh, Trajectory, trajectory_ids)
     task_ids = sorted({t.task_id for t in trajectories})
@@ -124,9 +127,16 @@ async def judge(run: RunScope, trajectory_ids: Sequence[str]) -> tuple[list[str]
     await asyncio.to_thread(wh.upsert, [*scores, *_stamp(rejections, run_id)])
     # The walks count as used only once the run's trajectories are judged: a run killed before this point is redone
     # by its re-run with the same chains (the same rows), never skipped for having "used" them.
-    await asyncio.to_thread(tool_graph.record_uses, wh, tool_graph.walked_edges(trajectories))
+    if record_uses:
+        await asyncio.to_thread(tool_graph.record_uses, wh, tool_graph.walked_edges(trajectories))
     kept = [s.id for s in scores if s.keep]
     return kept, {"scored": len(scores), "kept": len(kept)}
+
+
+async def record_walks(run: RunScope, trajectory_ids: Sequence[str]) -> int:
+    """The graph edges the (judged) trajectories walked count as used: what `judge` does after scoring."""
+    trajectories = lookups.by_ids(run.wh, Trajectory, trajectory_ids)
+    return await asyncio.to_thread(tool_graph.record_uses, run.wh, tool_graph.walked_edges(trajectories))
 
 
 async def export(run: RunScope, out_dir: str | Path | None = None, min_score: float | None = None) -> dict[str, Any]:
