@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
@@ -62,7 +62,13 @@ async def envs(params: EnvsParams) -> dict[str, int]:
 async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -> None:
     """QAs, then environments batch by batch; counts fill as stages finish (a failed run keeps them)."""
     if params.pipeline == "stream" and scope.cfg.runner.kind != "ray":  # on Ray, batches go to the workers
-        counts.update(await stream_envs_task(scope, params))
+        logger = get_run_logger()
+
+        def written(number: int, window: dict[str, int]) -> None:
+            logger.info(f"window {number} written: {window.get('environments', 0)} environments, "
+                        f"{window.get('env_rejections', 0)} rejected, {window.get('merges', 0)} new merges")
+
+        counts.update(await stream_envs_task(scope, params, on_window=written))
         return
     qa_ids, qa_counts = await synthesize_qas_task(scope, params)
     counts.update(qa_counts)

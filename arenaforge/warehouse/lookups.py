@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from arenaforge.schemas.base import Record
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_envs import MergeCandidate
-from arenaforge.schemas.models import Server, Tool
+from arenaforge.schemas.models import Run, Server, Tool
 from arenaforge.warehouse.db import Warehouse
 
 R = TypeVar("R", bound=Record)
@@ -37,12 +38,31 @@ def merge_candidates(wh: Warehouse, signatures: Sequence[str]) -> list[MergeCand
 def earlier_runs_candidates(wh: Warehouse, run_id: str | None, limit: int | None = None) -> list[MergeCandidate]:
     """The merge candidates other runs wrote before this run's first one, in the order they were written (a run's
     distractor pool; the cut keeps a re-run's pool what it was, whatever runs came since); with `limit`, only the
-    most recent `limit` of them."""
+    most recent `limit` of them. The runs `same_runs` gives count as this run: a re-run, or the run completing a
+    crashed one, draws from what came before the first of them, never from their tools (its windows would draw
+    other distractors than the first time, so the same QAs would get new environments)."""
+    same = same_runs(wh, run_id)
     newest_first = "ORDER BY created_at DESC, id DESC" + (" LIMIT ?" if limit is not None else "")
-    _, rows = wh.query("SELECT record FROM merge_candidates WHERE run_id IS DISTINCT FROM ? AND created_at < coalesce("
-                       "(SELECT min(created_at) FROM merge_candidates WHERE run_id = ?), 'infinity'::TIMESTAMP) "
-                       + newest_first, [run_id, run_id, *([limit] if limit is not None else [])])
+    _, rows = wh.query("SELECT record FROM merge_candidates WHERE NOT coalesce(list_contains(?, run_id), false) "
+                       "AND created_at < coalesce((SELECT min(created_at) FROM merge_candidates "
+                       "WHERE list_contains(?, run_id)), 'infinity'::TIMESTAMP) "
+                       + newest_first, [same, same, *([limit] if limit is not None else [])])
     return [MergeCandidate.model_validate_json(r[0]) for r in reversed(rows)]
+
+
+def same_runs(wh: Warehouse, run_id: str | None) -> list[str]:
+    """`run_id` and every run of its flow with its parameters (where the warehouse is named aside: it is this one)."""
+    this = wh.get(Run, run_id) if run_id else None
+    if this is None:
+        return [run_id] if run_id else []
+    key = _params_key(this.params)
+    return sorted({run_id, *(r.id for r in wh.load(Run, where="(record->>'flow') = ?", params=[this.flow])
+                             if _params_key(r.params) == key)})
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    overrides = {k: v for k, v in (params.get("overrides") or {}).items() if k != "warehouse.path"}
+    return json.dumps({**params, "overrides": overrides}, sort_keys=True)
 
 
 def servers_with_tools(wh: Warehouse, names: Sequence[str] | None = None) -> tuple[list[Server], dict[str, list[Tool]]]:

@@ -58,6 +58,9 @@ JUDGE, TOOLS, FINISH = 1, 2, 3  # request priorities of a QA's later stages (a n
                                 # a stage, the QA planned first goes first
 
 
+OnWindow = Callable[[int, dict[str, int]], None]  # (window number, its counts), once its records are written
+
+
 async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
                    embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
     """The whole envs track for `spec`, by its `pipeline` setting; the counts of both stages."""
@@ -71,18 +74,20 @@ async def run_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSo
 
 
 async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource] | None = None,
-                      embed: Embedder | None = None, timings: dict[str, float] | None = None) -> dict[str, int]:
+                      embed: Embedder | None = None, timings: dict[str, float] | None = None,
+                      on_window: OnWindow | None = None) -> dict[str, int]:
     """QAs through verification and sandbox-verified tools one by one, each window's end stages once it is done.
 
     `timings` gets the end stages' times summed over windows; from the start until every tool is verified
     (`tools_verified_s`), until the last window is cut (`last_window_cut_s`), and each window's milestones
-    (`window<N>_cut_s`, `_tools_s`: its tools done, `_done_s`: written)."""
+    (`window<N>_cut_s`, `_tools_s`: its tools done, `_done_s`: written). `on_window` hears of each window once its
+    environments are written (the flow logs it)."""
     timings = timings if timings is not None else {}
     started = time.perf_counter()
     seed = run.cfg.seed if spec.seed is None else spec.seed
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     async with RecordWriter(run.wh) as writer:
-        flow = _Stream(run, spec, sources, seed, writer, embed, timings)
+        flow = _Stream(run, spec, sources, seed, writer, embed, timings, on_window)
         jobs: list[asyncio.Future[tuple[QAInstance, bool] | None]] = []
         for source in sources.values():  # every decomposition is planned now; `DECOMPOSE_AHEAD` of them go out
             flow.reject(source.rejections)
@@ -120,8 +125,9 @@ class _Stream:
     """One streaming run's per-QA steps, its windows and what they have started."""
 
     def __init__(self, run: RunScope, spec: EnvsSpec, sources: dict[str, KnowledgeSource], seed: int,
-                 writer: RecordWriter, embed: Embedder | None, timings: dict[str, float]) -> None:
-        self.run, self.spec, self.seed, self.writer = run, spec, seed, writer
+                 writer: RecordWriter, embed: Embedder | None, timings: dict[str, float],
+                 on_window: OnWindow | None = None) -> None:
+        self.run, self.spec, self.seed, self.writer, self.on_window = run, spec, seed, writer, on_window
         self.pool_started: asyncio.Future[Any]  # set once the first decompositions are started
         self.embed, self.timings = embed, timings
         self.synth = QASynthesizer(run.model)
@@ -218,6 +224,8 @@ class _Stream:
                                                self.merge_turn(number) if across else None)
         result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
         self.mark(f"window{number}_done_s")
+        if self.on_window is not None:
+            self.on_window(number, result)
         return result
 
     @contextlib.asynccontextmanager

@@ -165,3 +165,22 @@ def test_earlier_runs_join_the_distractor_pool_up_to_its_cap(tmp_path: Path) -> 
     picks = _picks(db, "second")
     assert picks and not any(p.source_env in first and p.source_env not in picks for ps in picks.values() for p in ps), \
         "with the cap at 0 no earlier run's tool is drawn"
+
+
+def test_runs_with_the_same_parameters_are_one_run_for_the_distractor_pool(tmp_path: Path) -> None:
+    """A re-run, or the run completing a crashed one, has the first run's parameters (the warehouse may be named
+    otherwise): it draws nothing from that run's tools, or its environments would get other distractors (new rows
+    for the same QAs; tests/flows/test_crash_resume.py runs it through the CLI). A run with other parameters does."""
+    from arenaforge.warehouse.runs import start_run
+
+    db = tmp_path / "wh.duckdb"
+    wh = Warehouse(db)
+    params = {"n": 24, "merge_across": True, "overrides": {"warehouse.path": "wh.duckdb"}}
+    first = start_run(wh, "envs", params)
+    _windows(db, first.id, n=24, seed=0, size=5)
+    again = start_run(wh, "envs", {**params, "overrides": {"warehouse.path": str(db)}})
+    other = start_run(wh, "envs", {**params, "n": 8})
+    assert lookups.same_runs(wh, again.id) == sorted([first.id, again.id])
+    assert lookups.earlier_runs_candidates(wh, again.id) == []
+    drawn = lookups.earlier_runs_candidates(wh, other.id)
+    assert drawn and {c.run_id for c in drawn} == {first.id}
