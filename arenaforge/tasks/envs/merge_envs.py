@@ -255,7 +255,10 @@ async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDr
     if not new:
         return MergeResult(current, [])
     # the known groups of the window's signatures, each by its first tool, are listed with the window's tools
-    known = [g for g in index.groups.values() if g.signature in {t.signature for _, t in new}]
+    # by key, not by when the index met them: a run resumed after a crash loads earlier windows' groups from the
+    # warehouse in another order than the run that made them, and the listing is the grouping prompt
+    known = sorted((g for g in index.groups.values() if g.signature in {t.signature for _, t in new}),
+                   key=lambda g: g.key)
     offset = len(drafts)
     listing = new + [(offset + k, g.subsets[0][0].tool) for k, g in enumerate(known)]
     found = await grouper.groups(listing)

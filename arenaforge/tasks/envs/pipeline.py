@@ -187,12 +187,14 @@ async def distractor_pool(run: RunScope, limit: int) -> Pool:
 
 async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: list[EnvDraft],
                               rejections: list[Rejection], seed: int, embed: Embedder | None,
-                              clock: Clock, merge_turn: contextlib.AbstractAsyncContextManager[Any] | None = None
+                              clock: Clock, merge_turn: contextlib.AbstractAsyncContextManager[Any] | None = None,
+                              write_turn: contextlib.AbstractAsyncContextManager[Any] | None = None
                               ) -> dict[str, int]:
     """Merging, distractors and self-test over one batch's verified drafts; writes its records and `rejections`.
 
-    With `spec.merge_across`, the batch merges against the run's merge index, inside `merge_turn` (the
-    streaming pipeline's: its windows merge one at a time, in order)."""
+    With `spec.merge_across`, the batch merges against the run's merge index, inside `merge_turn`, and writes
+    inside `write_turn` (the streaming pipeline's: its windows merge one at a time and write one at a time, in
+    order)."""
     merges: list[Any] = []
     candidates: list[Any] = []
     new_groups = 0
@@ -239,7 +241,8 @@ async def finish_environments(run: RunScope, spec: EnvsSpec, pool: Any, drafts: 
         envs.append(final)
         dsets.append(DistractorSet(env_id=final.id, mix=spec.mix().as_dict(), picks=picks, parents=[final.id, draft.qa.id],
                                    run_id=run.run_id))
-    await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + candidates + stamp(rejections, run.run_id))
+    async with write_turn or contextlib.nullcontext():
+        await asyncio.to_thread(run.wh.upsert, envs + merges + dsets + candidates + stamp(rejections, run.run_id))
     clock.lap("write_s")
     done = sum(m.merged for m in merges)  # a group that grew counts once: where it first merged
     counts = {"environments": len(envs), "env_rejections": len(rejections), "merges": new_groups,

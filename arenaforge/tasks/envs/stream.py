@@ -138,8 +138,9 @@ class _Stream:
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)
         self.decompose_slots = asyncio.Semaphore(DECOMPOSE_AHEAD)  # first come (planned order), first served
-        self.merged_windows = 0  # windows merged so far: each merges against the ones before it, in order
-        self.merge_turns = asyncio.Condition()
+        # with merge_across, windows merge one at a time in order (each against the ones before it), and write in
+        # order: a crash leaves the first windows written, which a re-run's merge index takes up where they stopped
+        self.merge_turns, self.write_turns = _Turns(), _Turns()
         self.qa_rejections = 0
         self.started = self.tools_done_at = self.last_window_at = time.perf_counter()
 
@@ -221,25 +222,33 @@ class _Stream:
             drafts = [d for i in _batch_order(window, across) if isinstance(d := outcomes[i], EnvDraft)]
             result = await finish_environments(self.run, self.spec, await self.pool_started, drafts, [], self.seed,
                                                self.embed, Clock(self.timings),
-                                               self.merge_turn(number) if across else None)
+                                               self.merge_turns.turn(number) if across else None,
+                                               self.write_turns.turn(number) if across else None)
         result["env_rejections"] = result.get("env_rejections", 0) + len(rejected)
         self.mark(f"window{number}_done_s")
         if self.on_window is not None:
             self.on_window(number, result)
         return result
 
-    @contextlib.asynccontextmanager
-    async def merge_turn(self, number: int) -> AsyncIterator[None]:
-        """Window `number`'s merging, once every window before it has merged (the batch pipeline's order)."""
-        async with self.merge_turns:
-            await self.merge_turns.wait_for(lambda: self.merged_windows == number - 1)
-        try:
-            yield
-        finally:
-            async with self.merge_turns:
-                self.merged_windows += 1
-                self.merge_turns.notify_all()
-
     def mark(self, name: str) -> None:
         """A window's milestone in `timings`: seconds since the run started."""
         self.timings[name] = time.perf_counter() - self.started
+
+
+class _Turns:
+    """Turns taken in order: `async with turns.turn(n):` waits until turns 1..n-1 have ended."""
+
+    def __init__(self) -> None:
+        self.ended = 0
+        self.changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, number: int) -> AsyncIterator[None]:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.ended == number - 1)
+        try:
+            yield
+        finally:
+            async with self.changed:
+                self.ended += 1
+                self.changed.notify_all()

@@ -63,3 +63,40 @@ def test_stream_equals_batch_against_an_http_endpoint(tmp_path):
 def test_stream_refuses_the_percentile_rule():
     with pytest.raises(ValueError, match="threshold only"):
         EnvsSpec(pipeline="stream", keep_rule="percentile")
+
+
+def test_with_merge_across_windows_write_in_order_when_a_later_one_finishes_first(tmp_path, monkeypatch):
+    """A crash must leave the first windows written (a re-run's merge index takes up where they stopped; a later
+    window's groups loaded without an earlier one's would place its members after them). Window 1's self-tests are
+    held until another window's have run: window 2 is ready first, and still writes after window 1."""
+    import arenaforge.tasks.envs.pipeline as pipeline
+    from arenaforge.tasks.envs.stream import stream_envs
+
+    spec = EnvsSpec(pipeline="stream", sources=["sample"], n=16, seed=7, batch_size=4, merge_across=True)
+    cfg = load_config(None, overrides={"warehouse.path": str(tmp_path / "w.duckdb"), "sandbox.backend": "process",
+                                       "model.backend": "offline"})
+    first_window: set[str] = set()
+    other_tested = asyncio.Event()
+    real_self_test = pipeline.self_test
+
+    async def held(pool, env, seed):
+        if env.qa_id in first_window:
+            await other_tested.wait()
+        result = await real_self_test(pool, env, seed)
+        if env.qa_id not in first_window:
+            other_tested.set()
+        return result
+
+    async def go() -> list[int]:
+        async with open_run_scope(cfg, Warehouse(tmp_path / "ids.duckdb"), "ids") as run:  # window 1's QA ids
+            ids, _ = await pipeline.synthesize_qas(run, spec)
+        first_window.update(ids[:4])
+        monkeypatch.setattr(pipeline, "self_test", held)
+        written: list[int] = []
+        async with open_run_scope(cfg, Warehouse(tmp_path / "w.duckdb"), "test") as run:
+            await stream_envs(run, spec, on_window=lambda number, _: written.append(number))
+        return written
+
+    written = asyncio.run(go())
+    assert other_tested.is_set() and len(written) >= 3
+    assert written == sorted(written), "each window is written after the ones before it"
