@@ -23,6 +23,7 @@ class ScriptedVllm:
         self.legacy = legacy  # old servers: ids only as "token_id:N" strings
         self.logprob = logprob
         self.requests: list[dict[str, Any]] = []
+        self.senders: list[str] = []  # each request's User-Agent, beside `requests` (who sent an unexpected one)
         self.fail_next = 0  # answer this many requests with 503 first
         self._server: ThreadingHTTPServer | None = None
 
@@ -44,6 +45,7 @@ class ScriptedVllm:
                 if self.path != "/v1/completions":
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 outer.requests.append(body)
+                outer.senders.append(self.headers.get("User-Agent", ""))
                 if outer.fail_next > 0:
                     outer.fail_next -= 1
                     return self._send(503, {"error": {"message": "overloaded"}})
