@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from arenaforge.flows.context import CliState
+from arenaforge.flows.context import CliState, quiet_user_error_tracebacks
 from arenaforge.schemas.errors import ArenaforgeError
 
 # Process defaults for every command: no telemetry, offline model hubs, and enough time for
@@ -83,6 +83,7 @@ def main() -> None:
     """Entry point: click handles usage errors; our own errors become one line, exit 2."""
     for key, value in PROCESS_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    quiet_user_error_tracebacks()
     try:
         app()
     except ArenaforgeError as err:

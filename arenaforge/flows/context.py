@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from arenaforge.schemas.config import Config, load_config
+from arenaforge.schemas.errors import ConfigError, InputError, first_error
 from arenaforge.warehouse import Warehouse
 
 
@@ -42,3 +47,39 @@ def run_flow(call: Any) -> Any:
     """The result of a flow call made from sync code: async flows return a coroutine, run here in a
     fresh event loop (one loop per flow run; the CLI is a thin sync shell)."""
     return asyncio.run(call) if inspect.iscoroutine(call) else call
+
+
+@contextlib.contextmanager
+def flag_errors(command: str, flags: dict[str, str] | None = None,
+                given: dict[str, Any] | None = None) -> Iterator[None]:
+    """A parameter model's validation error as one line named after its flag (`train grpo: --steps: ...`).
+
+    `flags` names a field whose flag differs from it (`{"limit": "--env-limit"}`). With `given` (the options as
+    passed), only an error about one of them, with the value passed, is the user's; any other keeps its traceback."""
+    try:
+        yield
+    except ValidationError as err:
+        where, rest = first_error(err).split(": ", 1)
+        field_name = where.rsplit(".", 1)[-1]
+        if given is not None and not (field_name in given and given[field_name] == err.errors()[0].get("input")):
+            raise
+        flag = where if where == "parameters" else (flags or {}).get(field_name, "--" + field_name.replace("_", "-"))
+        raise InputError(f"{command}: {flag}: {rest}") from None
+
+
+class _NoTracebackForUserErrors(logging.Filter):
+    """Prefect logs a failed flow or task run with its traceback; for bad input (the error the CLI then prints
+    on one line) the traceback is noise, so those records keep their one-line message only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], (InputError, ConfigError)):
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_user_error_tracebacks() -> None:
+    """Install the filter on Prefect's run loggers (idempotent)."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoTracebackForUserErrors) for f in logger.filters):
+            logger.addFilter(_NoTracebackForUserErrors())

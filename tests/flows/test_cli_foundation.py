@@ -63,6 +63,15 @@ def test_user_mistakes_are_one_line_and_nonzero(tmp_path):
          "envs synth: parameters: pipeline stream keeps QAs by threshold only"),
         (["--db", db, "sft", "synth", "--batch-size", "0"],
          "sft synth: --batch-size: Input should be greater than or equal to 1 (got 0)"),
+        (["--db", db, "train", "grpo", "--steps", "0"],
+         "train grpo: --steps: Input should be greater than or equal to 1 (got 0)"),
+        (["--db", db, "train", "grpo", "--env-limit", "0"],
+         "train grpo: --env-limit: Input should be greater than or equal to 1 (got 0)"),
+        (["--db", db, "train", "sft", "--data", "missing.jsonl"], "train sft: --data missing.jsonl: no such file"),
+        (["--db", db, "eval", "run", "--max-turns", "0"],
+         "eval run: --max-turns: Input should be greater than or equal to 1 (got 0)"),
+        (["--db", db, "rollout", "run", "--samples", "0"],
+         "rollout run: --samples: Input should be greater than or equal to 1 (got 0)"),
     ]
     for args, message in cases:
         res = cli(*args, cwd=tmp_path)
@@ -70,6 +79,22 @@ def test_user_mistakes_are_one_line_and_nonzero(tmp_path):
         lines = [line for line in res.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and message in lines[0], res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_bad_input_found_inside_a_run_prints_no_traceback(tmp_path):
+    """Prefect logs a failed run with its traceback; for bad input the run's log lines keep their message only and
+    the command ends with its one-line error. A benchmark's option out of range is found deep in its run, too."""
+    res = cli("--db", str(tmp_path / "w.duckdb"), "envs", "synth", "--source", "nosuch", "-n", "3", cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: unknown knowledge source 'nosuch': use astra, sample, tau2_retail or a path to table files"]
+    assert "Encountered exception during execution" in res.stderr  # the run's own log line is still there
+
+    bench = cli("bench", "envs", "--batch-size", "0", cwd=tmp_path)
+    assert bench.returncode == 2 and "Traceback" not in bench.stderr, bench.stderr
+    assert [line for line in bench.stderr.splitlines() if line.startswith("error:")] == [
+        "error: bench envs: --batch-size: Input should be greater than or equal to 1 (got 0)"]
 
 
 def test_config_show_reflects_precedence_and_masks_keys(tmp_path):

@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from arenaforge.flows.context import flag_errors
 from arenaforge.tasks import benchmarks
 
 app = typer.Typer(help="Benchmarks that print numbers as JSON (never timed tests).", no_args_is_help=True)
@@ -23,9 +24,10 @@ app = typer.Typer(help="Benchmarks that print numbers as JSON (never timed tests
 
 def _register(name: str, main: Any) -> None:
     def command(**kwargs: Any) -> None:
-        result = main(**kwargs)
-        if inspect.iscoroutine(result):  # async benchmarks run in one event loop, like a flow
-            result = asyncio.run(result)
+        with flag_errors(f"bench {name}", given=kwargs):  # an option out of range: one line, not a traceback
+            result = main(**kwargs)
+            if inspect.iscoroutine(result):  # async benchmarks run in one event loop, like a flow
+                result = asyncio.run(result)
         typer.echo(json.dumps(result, indent=2, default=str))
 
     # Resolve string annotations (modules use `from __future__ import annotations`) so typer

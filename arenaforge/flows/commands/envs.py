@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import ValidationError
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import flag_errors, run_flow, state
 from arenaforge.flows.display import console, print_rows
-from arenaforge.schemas.errors import InputError, first_error
+from arenaforge.schemas.errors import InputError
 
 app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
 
@@ -54,7 +53,7 @@ def synth(
         mix = DistractorMix.parse(distractors)
     except (TypeError, ValueError):
         raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
-    try:
+    with flag_errors("envs synth"):
         params = EnvsParams(
             sources=source, n=n, min_hops=min_hops, max_hops=max_hops,
             **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
@@ -63,10 +62,6 @@ def synth(
             distractor_pool_max=distractor_pool_max,
             batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
             overrides=st.overrides)
-    except ValidationError as err:  # one line; a field's error is named as its flag
-        where, rest = first_error(err).split(": ", 1)
-        flag = where if where == "parameters" else "--" + where.replace("_", "-")
-        raise InputError(f"envs synth: {flag}: {rest}") from None
     from arenaforge.flows.outcome import run_and_report
 
     run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))

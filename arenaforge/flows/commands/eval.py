@@ -6,7 +6,8 @@ import json
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.commands.train import ENV_FLAGS
+from arenaforge.flows.context import flag_errors, run_flow, state
 
 app = typer.Typer(help="Evaluate a policy on held-out environments, or on an imported suite (--suite).",
                   invoke_without_command=True)
@@ -57,15 +58,16 @@ def run_cmd(
     from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, EvalParams
 
     st = state(ctx)
-    params = EvalParams(
-        config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
-        policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
-        envs=EnvSelection(limit=env_limit, split=split or ("all" if suite else "test"), suite=suite),
-        episode=EpisodeParams(max_turns=max_turns, constrain_tool_calls=constrain_tool_calls,
-                              ground_arguments=ground_arguments,
-                              max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
-                              temperature=temperature),
-    )
+    with flag_errors("eval run", ENV_FLAGS):
+        params = EvalParams(
+            config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
+            policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
+            envs=EnvSelection(limit=env_limit, split=split or ("all" if suite else "test"), suite=suite),
+            episode=EpisodeParams(max_turns=max_turns, constrain_tool_calls=constrain_tool_calls,
+                                  ground_arguments=ground_arguments,
+                                  max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                                  temperature=temperature),
+        )
     result = run_flow(evaluate(params))
     typer.echo(json.dumps(result, indent=2, default=str))
     from arenaforge.flows.commands.train import print_eval_table

@@ -6,7 +6,8 @@ import json
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.commands.train import ENV_FLAGS
+from arenaforge.flows.context import flag_errors, run_flow, state
 
 app = typer.Typer(help="Run policy rollouts in environments with the F1 reward.", no_args_is_help=True)
 
@@ -28,11 +29,12 @@ def run_cmd(
     from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, RolloutParams
 
     st = state(ctx)
-    params = RolloutParams(
-        config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
-        policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
-        envs=EnvSelection(limit=env_limit, split=split),
-        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
-                              temperature=temperature),
-    )
+    with flag_errors("rollout run", ENV_FLAGS):
+        params = RolloutParams(
+            config_path=st.config_path, db=st.overrides.get("warehouse.path"), engine=engine, model_path=model_path,
+            policy_url=policy_url, served_model=served_model, samples=samples, concurrency=concurrency, seed=seed,
+            envs=EnvSelection(limit=env_limit, split=split),
+            episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                                  temperature=temperature),
+        )
     typer.echo(json.dumps(run_flow(rollout(params)), indent=2, default=str))

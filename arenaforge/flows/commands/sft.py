@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import flag_errors, run_flow, state
 
 app = typer.Typer(help="Synthesize tasks and scored multi-turn trajectories (SFT track).", no_args_is_help=True)
 
@@ -21,19 +21,13 @@ def synth(
     batch_size: int = typer.Option(64, help="runner.kind = ray: tasks per batch a worker runs and judges."),
 ) -> None:
     """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
-    from pydantic import ValidationError
-
     from arenaforge.flows.outcome import run_and_report
     from arenaforge.flows.sft_flows import SftParams, sft
-    from arenaforge.schemas.errors import InputError, first_error
 
     st = state(ctx)
-    try:
+    with flag_errors("sft synth"):
         params = SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
                            batch_size=batch_size, config_path=st.config_path, overrides=st.overrides)
-    except ValidationError as err:  # one line, named as the flag
-        where, rest = first_error(err).split(": ", 1)
-        raise InputError(f"sft synth: --{where.replace('_', '-')}: {rest}") from None
     run_and_report("sft", st.warehouse(), lambda: run_flow(sft(params)))
 
 

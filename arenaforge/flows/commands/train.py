@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import flag_errors, run_flow, state
+from arenaforge.schemas.errors import InputError
 
 app = typer.Typer(help="Train policies: GRPO and SFT, on one node or via verl.", no_args_is_help=True)
+
+
+# EnvSelection's fields and the flags that set them
+ENV_FLAGS = {"limit": "--env-limit"}
 
 
 def _echo(result: dict[str, Any]) -> None:
@@ -89,20 +95,21 @@ def grpo_cmd(
     from arenaforge.flows.train_flows import train_grpo
     from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, GrpoParams, VerlParams
 
-    params = GrpoParams(
-        **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
-        experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
-        delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
-        checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
-        warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_batch_size=warmstart_batch_size,
-        warmstart_trajectories=warmstart_trajectories,
-        warmstart_copy_variants=warmstart_copy_variants,
-        evaluate=evaluate, eval_limit=eval_limit,
-        envs=EnvSelection(limit=env_limit, split=split, test_share=test_share),
-        episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
-                              temperature=temperature, ground_arguments=ground_arguments),
-        verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
-    )
+    with flag_errors("train grpo", ENV_FLAGS):
+        params = GrpoParams(
+            **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
+            experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
+            delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
+            checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
+            warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_batch_size=warmstart_batch_size,
+            warmstart_trajectories=warmstart_trajectories,
+            warmstart_copy_variants=warmstart_copy_variants,
+            evaluate=evaluate, eval_limit=eval_limit,
+            envs=EnvSelection(limit=env_limit, split=split, test_share=test_share),
+            episode=EpisodeParams(max_turns=max_turns, max_length=max_length, max_tokens_per_turn=max_tokens_per_turn,
+                                  temperature=temperature, ground_arguments=ground_arguments),
+            verl=VerlParams(ray_address=ray_address, spec_only=verl_spec_only),
+        )
     result = run_flow(train_grpo(params))
     _echo(result)
     print_eval_table(result.get("eval") or {})
@@ -121,8 +128,10 @@ def warmstart_cmd(
     from arenaforge.flows.train_flows import warmstart
     from arenaforge.tasks.train.jobs import EnvSelection, WarmstartParams
 
-    _echo(run_flow(warmstart(WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split),
-                                             copy_variants=copy_variants, seed=seed))))
+    with flag_errors("train warmstart", ENV_FLAGS):
+        params = WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split),
+                                 copy_variants=copy_variants, seed=seed)
+    _echo(run_flow(warmstart(params)))
 
 
 @app.command("sft")
@@ -139,6 +148,10 @@ def sft_cmd(
     from arenaforge.flows.train_flows import train_sft
     from arenaforge.tasks.train.jobs import SftParams
 
-    _echo(train_sft(SftParams(**_common(ctx), data=data, model_path=model_path, experiment=experiment,
-                              out_dir=out_dir, epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr,
-                              max_length=max_length, checkpoint_every=checkpoint_every)))
+    if not Path(data).is_file():  # before a Prefect server starts for nothing
+        raise InputError(f"train sft: --data {data}: no such file")
+    with flag_errors("train sft"):
+        params = SftParams(**_common(ctx), data=data, model_path=model_path, experiment=experiment, out_dir=out_dir,
+                           epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, max_length=max_length,
+                           checkpoint_every=checkpoint_every)
+    _echo(train_sft(params))

@@ -206,6 +206,24 @@ def model_path_for(path: str | None) -> str:
     return policy_path(path)
 
 
+def local_model_path(path: str | None) -> str:
+    """`model_path_for`, for a model loaded on this machine: a missing folder is the user's one-line error here,
+    not transformers' traceback about repository ids. A Hugging Face id (`org/name`) passes when it is cached."""
+    resolved = model_path_for(path)
+    if Path(resolved).expanduser().is_dir():
+        return resolved
+    if resolved.count("/") == 1 and not resolved.startswith((".", "/", "~")):
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            if isinstance(try_to_load_from_cache(resolved, "config.json"), str):
+                return resolved
+        except ValueError:  # not a valid repository id either
+            pass
+    raise InputError(f"--model-path {path}: no model folder there (give a checkpoint folder, a cached Hugging Face "
+                     "id, or arena-small, tiny, smollm2-135m)")
+
+
 def select_envs(wh: Warehouse, sel: EnvSelection) -> list[Environment]:
     """Environments from the warehouse, filtered and restricted to the stored split; an input error when none."""
     envs = matching_envs(wh, sel)
@@ -269,7 +287,7 @@ async def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str,
     cfg = config_for(params)
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
-    path = model_path_for(params.model_path)
+    path = local_model_path(params.model_path)
     tokenizer = _load_tokenizer(path)
     with recorded_run(wh, flow, params.model_dump(mode="json")) as (run, counts):
         model = None
@@ -298,7 +316,7 @@ async def eval_job(params: EvalParams) -> dict[str, Any]:
     if any(e.native is not None for e in envs):  # an imported suite compares whole results and states: never cut them
         cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
             update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
-    return await evaluate_policy(cfg, wh, params, model_path_for(params.model_path), envs, params.episode,
+    return await evaluate_policy(cfg, wh, params, local_model_path(params.model_path), envs, params.episode,
                                  samples=params.samples, seed=params.seed, concurrency=params.concurrency,
                                  flow_params=params.model_dump(mode="json"), suite=params.envs.suite)
 
@@ -359,7 +377,7 @@ async def grpo_job(params: GrpoParams) -> dict[str, Any]:
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from arenaforge.tasks.train.splits import ensure_splits
 
-    path = model_path_for(params.model_path)
+    path = local_model_path(params.model_path)
     test_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [],
                                                                  "limit": params.eval_limit})) if params.evaluate else []
     if params.evaluate and not test_envs:
@@ -507,7 +525,7 @@ def sft_job(params: SftParams) -> dict[str, Any]:
                         checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
                         seed=params.seed)
     with recorded_run(wh, "train-sft", params.model_dump(mode="json")) as (run, counts):
-        summary = train_sft(sft_cfg, model_path_for(params.model_path), params.data, wh, run.id)
+        summary = train_sft(sft_cfg, local_model_path(params.model_path), params.data, wh, run.id)
         counts["steps"] = summary.last_step - summary.first_step + 1
         counts["skipped_examples"] = summary.skipped
     return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
