@@ -14,7 +14,7 @@ import typer
 from pydantic import ValidationError
 
 from arenaforge.schemas.config import Config, load_config
-from arenaforge.schemas.errors import ConfigError, InputError, first_error
+from arenaforge.schemas.errors import ArenaforgeError, InputError, first_error
 from arenaforge.warehouse import Warehouse
 
 
@@ -68,11 +68,12 @@ def flag_errors(command: str, flags: dict[str, str] | None = None,
 
 
 class _NoTracebackForUserErrors(logging.Filter):
-    """Prefect logs a failed flow or task run with its traceback; for bad input (the error the CLI then prints
-    on one line) the traceback is noise, so those records keep their one-line message only."""
+    """Prefect logs a failed flow or task run with its traceback; for our typed errors (bad input, a misconfigured
+    or unreachable service: what the CLI then prints on one line) the traceback is noise, so those records keep
+    their one-line message only. Anything else is a bug and keeps its traceback."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], (InputError, ConfigError)):
+        if record.exc_info and isinstance(record.exc_info[1], ArenaforgeError):
             record.exc_info = record.exc_text = None
         return True
 
