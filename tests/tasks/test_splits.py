@@ -93,7 +93,8 @@ def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, m
                         steps=1, group_size=2, batch_groups=1, max_groups_per_step=3, warmstart_steps=2,
                         warmstart_batch_size=2, eval_limit=3, envs=EnvSelection(split="train"),
                         episode=EpisodeParams(max_turns=1, max_length=24, max_tokens_per_turn=8))
-    result = asyncio.run(grpo_job(params))
+    eval_rollouts: dict = {}
+    result = asyncio.run(grpo_job(params, eval_rollouts))
     wh = Warehouse(synthesized)
     train, test = split_env_ids(wh, "train"), split_env_ids(wh, "test")
     assert train and test and not train & test
@@ -105,8 +106,10 @@ def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, m
     trained = wh.load(Rollout, where="run_id = ?", params=[result["run_id"]])
     assert trained and {r.env_id for r in trained} <= train
     assert set(result["eval"]) == {"untrained", "warm start", "warm start + GRPO"}
-    for row in result["eval"].values():
+    assert set(eval_rollouts) == set(result["eval"])
+    for label, row in result["eval"].items():
         evaluated = wh.load(Rollout, where="run_id = ?", params=[row["run_id"]])
         assert len(evaluated) == 3 and {r.env_id for r in evaluated} <= test
+        assert {r.id for r in eval_rollouts[label]} == {r.id for r in evaluated}  # what `bench learning` pairs on
     flows = Counter(r.flow for r in wh.load(Run))
     assert flows["eval"] == 3 and flows["train-grpo"] == 1 and flows["train-warmstart"] == 1

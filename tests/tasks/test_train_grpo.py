@@ -104,6 +104,29 @@ def test_tool_tokens_get_no_gradient(tiny):
     assert torch.all(grad[batch.loss_mask[0] == 1] != 0)
 
 
+def test_forced_tokens_get_no_gradient_when_skipped(tiny):
+    """A token sampled with probability 1 (log-prob 0: constrained decoding forced it) made no choice: with
+    `skip_forced_tokens` it leaves the loss, and a group whose model tokens were all forced moves no weight."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = tiny
+    r = _rollout([30, 31, 32, 33, 34, 35], [1, 1, 0, 0, 1, 1], 1.0).model_copy(
+        update={"logprobs": [-0.7, 0.0, 0.0, 0.0, 0.0, -1.2]})
+    assert pack([r], [1.0], tok.pad_token_id).loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 1, 1]
+    assert pack([r], [1.0], tok.pad_token_id, skip_forced_tokens=True).loss_mask[0].tolist() == [0, 0, 0, 1, 0, 0, 0, 0, 1]
+
+    forced = [_rollout([40, 41, 42], [1, 1, 1], f1, i).model_copy(update={"logprobs": [0.0] * 3})
+              for i, f1 in enumerate([1.0, 0.0, 1.0, 0.0])]
+    moved = {}
+    for skip in (False, True):
+        fresh = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        before = [p.detach().clone() for p in fresh.parameters()]
+        metrics = GrpoTrainer(fresh, tok, GrpoConfig(lr=1e-2, skip_forced_tokens=skip)).step([forced])
+        moved[skip] = not all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))
+        assert metrics.get("skipped", 0.0) == (1.0 if skip else 0.0)
+    assert moved == {False: True, True: False}
+
+
 def test_step_raises_rewarded_and_lowers_unrewarded(tiny):
     from transformers import AutoModelForCausalLM
 

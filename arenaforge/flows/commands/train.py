@@ -90,6 +90,8 @@ def grpo_cmd(
     seed: int = typer.Option(0, help="Seed of sampling, curriculum and data order."),
     ground_arguments: bool = typer.Option(True, help="hf engine: a tool call's argument values are copied from "
                                           "the conversation (spans, numbers); --no-ground-arguments: any JSON."),
+    skip_forced_tokens: bool = typer.Option(True, help="hf engine: tokens sampled with probability 1 (forced by "
+                                            "constrained decoding) leave the loss; --no-skip-forced-tokens: counted."),
 ) -> None:
     """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
@@ -100,7 +102,7 @@ def grpo_cmd(
             **_common(ctx), engine=engine, model_path=model_path, policy_url=policy_url, served_model=served_model,
             experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
             delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
-            checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed,
+            checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed, skip_forced_tokens=skip_forced_tokens,
             warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_batch_size=warmstart_batch_size,
             warmstart_trajectories=warmstart_trajectories,
             warmstart_copy_variants=warmstart_copy_variants,

@@ -42,8 +42,7 @@ def bootstrap_ci(values: list[float], seed: int = 0, resamples: int = BOOTSTRAP)
     return [round(means[int(0.025 * resamples)], 4), round(means[int(0.975 * resamples) - 1], 4)]
 
 
-def _episode_f1(wh: Warehouse, eval_run_id: str) -> dict[str, float]:
-    rollouts = wh.load(Rollout, where="run_id = ?", params=[eval_run_id])
+def _episode_f1(rollouts: list[Rollout]) -> dict[str, float]:
     return {r.env_id: r.reward.f1 for r in rollouts if r.status != "env_failure"}
 
 
@@ -118,7 +117,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
          group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
          test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
          sandbox: str = "process", seed: int = 0, suite: str = "", suite_db: str = "",
-         suite_limit: int = 50, ground_arguments: bool = True) -> dict[str, Any]:
+         suite_limit: int = 50, ground_arguments: bool = True, skip_forced_tokens: bool = True) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL, and
     with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1).
     `--no-ground-arguments`: tool-call argument values decoded free instead of copied from the conversation."""
@@ -145,7 +144,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
                         steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
                         warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr,
                         warmstart_batch_size=warmstart_batch_size, warmstart_copy_variants=warmstart_copy_variants,
-                        eval_limit=eval_limit, seed=seed,
+                        eval_limit=eval_limit, seed=seed, skip_forced_tokens=skip_forced_tokens,
                         envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
     params = params.model_copy(update={"episode": params.episode.model_copy(
         update={"temperature": temperature, "ground_arguments": ground_arguments})})
@@ -153,11 +152,12 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
 
     os.environ["ARENAFORGE_SANDBOX__BACKEND"] = sandbox  # the job reads config itself
     trained = time.perf_counter()
-    result = await grpo_job(params)
+    eval_rollouts: dict[str, list[Rollout]] = {}
+    result = await grpo_job(params, eval_rollouts)
     train_s = time.perf_counter() - trained
 
     evals = result.get("eval", {})
-    f1 = {label: _episode_f1(wh, row["run_id"]) for label, row in evals.items()}
+    f1 = {label: _episode_f1(eval_rollouts.get(label, [])) for label in evals}
     stages: dict[str, Any] = {}
     for label, row in evals.items():
         values = list(f1[label].values())
@@ -212,7 +212,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
                    "eval_limit": eval_limit,
                    "grpo_steps": grpo_steps, "grpo_lr": grpo_lr, "group_size": group_size, "batch_groups": batch_groups,
                    "temperature": temperature, "test_share": test_share, "seed": seed,
-                   "ground_arguments": ground_arguments},
+                   "ground_arguments": ground_arguments, "skip_forced_tokens": skip_forced_tokens},
         "data": data, "stages": stages, "grpo_vs_warmstart": delta,
         "grpo": {"steps": len(grpo_metrics), "skipped_steps": int(sum(m.get("skipped", 0) for m in grpo_metrics)),
                  "zero_variance_share_mean": round(statistics.fmean(m["zero_variance_share"] for m in grpo_metrics), 4)

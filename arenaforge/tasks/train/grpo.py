@@ -38,6 +38,12 @@ class GrpoConfig:
     warmup_steps: int = 0
     weight_decay: float = 0.0
     old_logprobs: Literal["policy", "engine"] = "policy"
+    # Leave out of the loss the tokens the rollout engine sampled with probability 1 (log-prob exactly 0): with
+    # constrained decoding those are the tokens the tool-call grammar forced (JSON syntax, a key, the rest of a
+    # copied value). No choice was made there, so the constrained policy's gradient is 0; the unmasked log-prob
+    # the trainer computes would instead push probability onto or off tokens the constraint never lets through.
+    # Only for engines whose log-probs are those of the distribution sampled from (hf, constrained or not).
+    skip_forced_tokens: bool = False
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -91,7 +97,8 @@ class PackedBatch:
                                                      self.engine_logp, self.advantages)))
 
 
-def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int) -> PackedBatch:
+def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int,
+         skip_forced_tokens: bool = False) -> PackedBatch:
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
     width = max(len(s) for s in seqs)
     b = len(seqs)
@@ -106,6 +113,8 @@ def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int) 
         end = start + len(r.response_ids)
         loss_mask[i, start:end] = torch.tensor(r.response_mask, dtype=torch.float)
         engine[i, start:end] = torch.tensor(r.logprobs or [0.0] * len(r.response_ids), dtype=torch.float)
+        if skip_forced_tokens and r.logprobs:
+            loss_mask[i, start:end] *= (engine[i, start:end] != 0.0).float()
     return PackedBatch(ids, attn, loss_mask, engine, torch.tensor(list(advantages), dtype=torch.float))
 
 
@@ -142,14 +151,16 @@ class GrpoTrainer:
         advantages = batch_advantages(groups)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = float(sum(sum(r.response_mask) for r in rollouts))
+        skip = self.cfg.skip_forced_tokens
+        total_tokens = float(sum(sum(m for m, lp in zip(r.response_mask, r.logprobs or [1.0] * len(r.response_mask),
+                                                         strict=True) if not (skip and lp == 0.0)) for r in rollouts))
         if not rollouts or total_tokens == 0:
             return {"loss": 0.0, "skipped": 1.0}
         loss_sum = clip_low = clip_high = 0.0
         tokens_seen = 0
         for start in range(0, len(rollouts), self.cfg.micro_batch_size):
             part = rollouts[start : start + self.cfg.micro_batch_size]
-            batch = pack(part, advantages[start : start + len(part)], self.pad_id).to(self.device)
+            batch = pack(part, advantages[start : start + len(part)], self.pad_id, skip).to(self.device)
             logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask)
             old = logp.detach() if self.cfg.old_logprobs == "policy" else batch.engine_logp
             loss, stats = policy_loss(logp, old, batch.advantages, batch.loss_mask, self.cfg.eps_low,
@@ -166,7 +177,7 @@ class GrpoTrainer:
         self.scheduler.step()
         elapsed = time.perf_counter() - started
         return {
-            "loss": loss_sum, "clip_low": clip_low, "clip_high": clip_high,
+            "loss": loss_sum, "clip_low": clip_low, "clip_high": clip_high, "loss_tokens": total_tokens,
             "grad_norm": float(grad_norm) if math.isfinite(float(grad_norm)) else -1.0, "lr": lr,
             "train_s": elapsed, "train_tokens": float(tokens_seen), "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
         }

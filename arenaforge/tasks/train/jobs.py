@@ -139,6 +139,8 @@ class GrpoParams(PolicyParams):
     micro_batch_size: int = Field(default=8, ge=1, description="Rollouts per forward/backward pass.")
     old_logprobs: Literal["policy", "engine"] = Field(default="policy", description="policy: on-policy ratio 1; "
                                                       "engine: importance ratio against the engine's log-probs (vLLM).")
+    skip_forced_tokens: bool = Field(default=True, description="hf engine: leave out of the loss the tokens sampled "
+                                     "with probability 1 (those constrained decoding forced: no choice, no gradient).")
     checkpoint_every: int = Field(default=5, ge=1, description="Save weights every k steps (and at the last).")
     keep_optimizer: int = Field(default=2, ge=1, le=2, description="Checkpoints that keep optimizer state (resume).")
     concurrency: int = Field(default=32, ge=1, description="Episodes in flight at once.")
@@ -359,8 +361,11 @@ def _out_dir(cfg: Config, out_dir: str | None, experiment: str) -> Path:
     return Path(out_dir or Path(cfg.out_dir) / "train") / experiment
 
 
-async def grpo_job(params: GrpoParams) -> dict[str, Any]:
-    """GRPO on one node, or — with verl.ray_address / verl.spec_only — the verl job hand-off."""
+async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] | None = None) -> dict[str, Any]:
+    """GRPO on one node, or — with verl.ray_address / verl.spec_only — the verl job hand-off.
+
+    `eval_rollouts` receives each evaluated stage's rollouts by label (for paired comparisons: the warehouse keeps an
+    identical rollout once, under the run that first made it)."""
     cfg = config_for(params)
     wh = warehouse_for(cfg)
     envs = select_envs(wh, params.envs)
@@ -389,7 +394,9 @@ async def grpo_job(params: GrpoParams) -> dict[str, Any]:
         if test_envs:
             log.info(f"evaluating {label} on {len(test_envs)} test environments")
             evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, seed=params.seed,
-                                           concurrency=params.concurrency, label=label)
+                                                 concurrency=params.concurrency, label=label,
+                                                 rollouts_out=None if eval_rollouts is None else
+                                                 eval_rollouts.setdefault(label, []))
             log.info(f"{label}: test F1 {evals[label]['f1']:.3f}")
 
     await stage_eval("untrained" if params.model_path in (None, *BASE_POLICIES) else "start", path)
@@ -403,7 +410,8 @@ async def grpo_job(params: GrpoParams) -> dict[str, Any]:
         delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
         checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
         concurrency=params.concurrency, seed=params.seed, device=params.device, rollout=params.episode.rollout_config(params.seed),
-        grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs),
+        grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs,
+                        skip_forced_tokens=params.skip_forced_tokens and params.engine == "hf"),
     )
     factory = engine_factory(params.model_copy(update={"model_path": path}))
     structures = {env_id: row.stratum for env_id, row in
