@@ -97,6 +97,14 @@ class PackedBatch:
                                                      self.engine_logp, self.advantages)))
 
 
+def loss_token_mask(r: Rollout, skip_forced_tokens: bool = False) -> list[int]:
+    """1 on the response tokens the loss counts: the model's, less (with `skip_forced_tokens`) those it sampled
+    with probability 1 (GrpoConfig.skip_forced_tokens)."""
+    if not (skip_forced_tokens and r.logprobs):
+        return list(r.response_mask)
+    return [m if lp != 0.0 else 0 for m, lp in zip(r.response_mask, r.logprobs, strict=True)]
+
+
 def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int,
          skip_forced_tokens: bool = False) -> PackedBatch:
     seqs = [r.prompt_ids + r.response_ids for r in rollouts]
@@ -111,10 +119,8 @@ def pack(rollouts: Sequence[Rollout], advantages: Sequence[float], pad_id: int,
         attn[i, : len(seq)] = 1
         start = len(r.prompt_ids) - 1  # logits at position p predict token p+1
         end = start + len(r.response_ids)
-        loss_mask[i, start:end] = torch.tensor(r.response_mask, dtype=torch.float)
+        loss_mask[i, start:end] = torch.tensor(loss_token_mask(r, skip_forced_tokens), dtype=torch.float)
         engine[i, start:end] = torch.tensor(r.logprobs or [0.0] * len(r.response_ids), dtype=torch.float)
-        if skip_forced_tokens and r.logprobs:
-            loss_mask[i, start:end] *= (engine[i, start:end] != 0.0).float()
     return PackedBatch(ids, attn, loss_mask, engine, torch.tensor(list(advantages), dtype=torch.float))
 
 
@@ -152,8 +158,7 @@ class GrpoTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         skip = self.cfg.skip_forced_tokens
-        total_tokens = float(sum(sum(m for m, lp in zip(r.response_mask, r.logprobs or [1.0] * len(r.response_mask),
-                                                         strict=True) if not (skip and lp == 0.0)) for r in rollouts))
+        total_tokens = float(sum(sum(loss_token_mask(r, skip)) for r in rollouts))
         if not rollouts or total_tokens == 0:
             return {"loss": 0.0, "skipped": 1.0}
         loss_sum = clip_low = clip_high = 0.0
