@@ -7,6 +7,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TR
 
 bash scripts/setup.sh
 bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
+bash scripts/setup-llm.sh   # the local model engine (llama-server, built once per machine) and SmolLM2's weights
 if [ "$(id -u)" = 0 ]; then
   bash scripts/system-deps.sh
 fi

@@ -40,6 +40,7 @@ COMMANDS = [
     ("train", "train"),
     ("eval", "eval"),
     ("serve", "serve"),
+    ("model", "model"),
     ("db", "db"),
     ("bench", "bench"),
     ("config", "config"),

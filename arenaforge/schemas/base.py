@@ -32,6 +32,8 @@ class Provenance(Frozen):
     seed: int | None = Field(default=None, description="Seed of the deterministic generator, if any.")
     code_version: str = Field(default="0.1.0", description="arenaforge version that made the record.")
     source: str | None = Field(default=None, description="Knowledge source or tool server the record came from.")
+    written_by: dict[str, Literal["model", "program"]] | None = Field(
+        default=None, description="Which parts of the record a model wrote and which the program wrote (part -> who).")
 
 
 class Record(Frozen):

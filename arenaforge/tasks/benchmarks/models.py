@@ -64,12 +64,13 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
     }
 
 
-def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model_path: str = "",
-         qas: int = 4) -> Any:
+def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model: str = "smollm2-135m",
+         qas: int = 48, chains: int = 10, code_qas: int = 4) -> Any:
     """Client throughput against a scripted endpoint (share of `limit` kept busy; goal >= 0.9), or with --real
-    the pipeline driven by SmolLM2-135M behind transformers serve (accepted share by reason, tokens/s, waste)."""
+    the pipeline written by a real model (--model: smollm2-135m or a GGUF path) behind the local llama-server:
+    --qas QA instances, --chains chains per server, --code-qas QAs whose tool code the model writes."""
     if real:
-        return real_model.run(model_path or None, n=qas)
+        return real_model.run(model, n=qas, chains=chains, code_qas=code_qas)
     return _scripted(n, limit, latency_s)
 
 

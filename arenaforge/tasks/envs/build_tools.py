@@ -16,7 +16,9 @@ with equal signatures compute the same function of the same data and are candida
 
 from __future__ import annotations
 
+import contextlib
 import random
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +26,10 @@ from typing import Any
 from arenaforge.schemas.models import Evidence, FunctionDoc, GoldCall, QAInstance, SubQA
 from arenaforge.tasks.envs.answers import fmt_value, same_answer
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
+from arenaforge.tasks.envs.tool_code import code_from_evidence
 from arenaforge.tasks.envs.tool_data import Probe, ToolData, tool_data, typed
 from arenaforge.tasks.envs.tool_impl import BuildError, ToolImpl, args_valid, check_doc, stdlib_only
-from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json
+from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
 
 DOC_SCHEMA: dict[str, Any] = {
@@ -42,6 +45,25 @@ IMPL_SCHEMA: dict[str, Any] = {
     },
 }
 _RETURNS = {"lookup": "object", "count": "integer", "sum": "number"}
+TOOL_CODE_MODES = ("model", "evidence")
+
+
+def evidence_doc_schema(key: str, key_type: str) -> dict[str, Any]:
+    """A tool document whose one parameter is the evidence's key, as the program's code takes it: a model fills in
+    the name and the descriptions and can get nothing else wrong (constrained decoding enforces the shape)."""
+    text = {"type": "string", "minLength": 10, "maxLength": 200}
+    param = {"type": "object", "additionalProperties": False, "required": ["type", "description"],
+             "properties": {"type": {"const": key_type}, "description": text}}
+    return {"type": "object", "additionalProperties": False, "required": ["name", "description", "parameters"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z][a-z0-9_]{2,40}$"}, "description": text,
+                "parameters": {"type": "object", "additionalProperties": False,
+                               "required": ["type", "properties", "required"],
+                               "properties": {"type": {"const": "object"},
+                                              "properties": {"type": "object", "additionalProperties": False,
+                                                             "required": [key], "properties": {key: param}},
+                                              "required": {"type": "array", "minItems": 1, "maxItems": 1,
+                                                           "items": {"const": key}}}}}}
 
 
 @dataclass(frozen=True)
@@ -75,10 +97,12 @@ def describe(evidence: Evidence) -> str:
 class ToolBuilder:
     """Tool doc -> complexity augmentation -> implementation and call, from the run's model, over source data."""
 
-    def __init__(self, model: ChatModel, source: KnowledgeSource | None = None, seed: int = 0) -> None:
+    def __init__(self, model: ChatModel, source: KnowledgeSource | None = None, seed: int = 0,
+                 tool_code: str = "model") -> None:
         self.model = model
         self.source = source
         self.seed = seed
+        self.tool_code = tool_code  # "evidence": the model writes the document, the program the code
         self.p_doc = load_prompt("envs_tool_doc")
         self.p_aug = load_prompt("envs_augment_tool")
         self.p_impl = load_prompt("envs_implement_tool")
@@ -99,10 +123,15 @@ class ToolBuilder:
         inputs = ToolInputs(qa, sub, attempt, feedback, data)
         seed = attempt * 1000 + sub.index
         others = ", ".join(s.question for s in qa.sub_qas if s.index != sub.index and s.needs_tool) or "(none)"
+        by_evidence = self.tool_code == "evidence"
+        doc_schema = evidence_doc_schema(ev.key or "", data.key_type) if by_evidence and reads_prompts(self.model) \
+            else DOC_SCHEMA
         raw = await self._ask("envs.tool_doc", lambda: self.p_doc.render(
             main_question=qa.main_question, question=sub.question, answer=sub.answer, other_tools=others,
-            computes=describe(ev), key=ev.key, key_type=data.key_type), DOC_SCHEMA, seed, inputs)
+            computes=describe(ev), key=ev.key, key_type=data.key_type), doc_schema, seed, inputs)
         base = check_doc(raw)
+        if by_evidence:
+            return self._from_evidence(qa, sub, base, data)
         raw = await self._ask("envs.augment_tool", lambda: self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA,
                               seed, inputs)
         doc = check_doc(raw)
@@ -134,4 +163,27 @@ class ToolBuilder:
             if args_valid(doc, probe.arguments) is None:
                 probes.append(probe)
         call = GoldCall(tool=doc.name, arguments=args, sub_qa=sub.index, answer=sub.answer)
-        return ToolImpl(doc, impl["code"], data.data, signature(ev, doc), [call], probes, origin=self.model.kind)
+        return ToolImpl(doc, impl["code"], data.data, signature(ev, doc), [call], probes, origin=self.model.kind,
+                        written_by=dict.fromkeys(("tool_docs", "tool_code"), _writer(self.model)))
+
+    def _from_evidence(self, qa: QAInstance, sub: SubQA, doc: FunctionDoc, data: ToolData) -> ToolImpl:
+        """The model's document over the program's code (`tool_code.code_from_evidence`); the gold call passes the
+        evidence's key value, the probes the data's other keys, as for a model's code."""
+        ev = data.evidence
+        key = ev.key or ""
+        if key not in doc.parameters.get("required", []):
+            raise BuildError("invalid_tool_doc", f"the document does not take the {key} as a required parameter")
+        args = {key: typed(ev.value, data.key_type)}
+        probes = []
+        for value, answer in data.others:
+            with contextlib.suppress(ValueError):  # a key the parameter type cannot hold
+                probes.append(Probe({key: typed(value, data.key_type)}, answer))
+        call = GoldCall(tool=doc.name, arguments=args, sub_qa=sub.index, answer=sub.answer)
+        code = textwrap.dedent(code_from_evidence(data, doc.name))
+        return ToolImpl(doc, code, data.data, signature(ev, doc), [call], probes, origin=self.model.kind,
+                        written_by={"tool_docs": _writer(self.model), "tool_code": "program"})
+
+
+def _writer(model: ChatModel) -> str:
+    """Who wrote what a step answered: a model, or the program's rules (the offline provider)."""
+    return "model" if reads_prompts(model) else "program"

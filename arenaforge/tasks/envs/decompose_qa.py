@@ -242,7 +242,8 @@ def _from_answer(source: KnowledgeSource, answer: dict[str, Any], seed_q: str | 
     try:
         qa = make_instance(source.name, answer["main_question"], answer["main_answer"], subs,
                            "conditioned" if seed_q else "unconditioned", seed_q,
-                           Provenance(backend=model.kind, model=model.name, prompt_hash=prompt_hash))
+                           Provenance(backend=model.kind, model=model.name, prompt_hash=prompt_hash,
+                                      written_by={"decomposition": "model" if model_written(model) else "program"}))
     except ValueError as err:
         return Rejection(stage="decompose_qa", subject=subject, reason="cyclic_dependencies", detail=str(err),
                          payload=answer)

@@ -25,6 +25,7 @@ from arenaforge.schemas.models import Environment, QAInstance, Rejection, Verifi
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.check_env import self_test
 from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer
+from arenaforge.tasks.envs.stepwise_qa import StepwiseQASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, Pool, choose_distractors
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.merge_envs import MergeIndex, ToolGrouper, merge_environments
@@ -67,6 +68,13 @@ class EnvsSpec(BaseModel):
         default="batch", description="batch: each stage over all QAs in turn; stream: each QA moves on when ready.")
     shared_data: str | None = Field(default=None, description="Path of ../shared/data (tau2_retail, astra sources).")
     seed: int | None = Field(default=None, description="Generator seed (default: config seed).")
+    decomposition: Literal["whole", "stepwise"] = Field(
+        default="whole", description="whole: one request writes a QA's whole decomposition; stepwise: the program "
+                                     "plans the facts and a model writes each sub-QA and the main question in short "
+                                     "requests (for small models).")
+    tool_code: Literal["model", "evidence"] = Field(
+        default="model", description="model: a model writes each tool's code; evidence: the model writes the tool's "
+                                     "document and the program assembles its code from the typed evidence.")
 
     @model_validator(mode="after")
     def _stream_keeps_by_threshold(self) -> EnvsSpec:
@@ -96,7 +104,7 @@ async def synthesize_qas(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowl
     sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
     instances: list[QAInstance] = []
     rejections: list[Rejection] = []
-    synth = QASynthesizer(run.model)
+    synth = qa_synthesizer(run, spec)
     judge = QAJudge(run.model)
     started: dict[str, Any] = {}
 
@@ -146,7 +154,7 @@ async def build_tools(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
     for qa in instances:
         by_source.setdefault(qa.source, []).append(qa)
     for name, qas in by_source.items():
-        builder = ToolBuilder(run.model, sources.get(name), run_seed(run, spec))
+        builder = ToolBuilder(run.model, sources.get(name), run_seed(run, spec), spec.tool_code)
         result = await synthesize_environments(builder, pool, qas, spec.max_attempts, run.run_id)
         built.drafts += result.drafts
         built.rejections += result.rejections
@@ -159,6 +167,11 @@ async def finish_batch(run: RunScope, spec: EnvsSpec, built: SynthResult, embed:
     """`finish_environments` over one batch's `build_tools` result, with the run's sandbox pool and seed."""
     return await finish_environments(run, spec, await run.sandbox(), built.drafts, built.rejections,
                                      run_seed(run, spec), embed, Clock(timings if timings is not None else {}))
+
+
+def qa_synthesizer(run: RunScope, spec: EnvsSpec) -> QASynthesizer:
+    """The run's QA writer: one request per decomposition, or short steps (`spec.decomposition`)."""
+    return StepwiseQASynthesizer(run.model) if spec.decomposition == "stepwise" else QASynthesizer(run.model)
 
 
 def run_seed(run: RunScope, spec: EnvsSpec) -> int:

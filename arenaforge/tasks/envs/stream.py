@@ -36,11 +36,11 @@ from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASynthesizer
+from arenaforge.tasks.envs.decompose_qa import DecomposeInputs
 from arenaforge.tasks.envs.distractors import Embedder
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
-from arenaforge.tasks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments, stamp,
-                                            synthesize_qas)
+from arenaforge.tasks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments,
+                                            qa_synthesizer, stamp, synthesize_qas)
 from arenaforge.tasks.envs.stream_writer import RecordWriter
 from arenaforge.tasks.envs.synthesize_env import synthesize_one
 from arenaforge.tasks.envs.tool_impl import EnvDraft
@@ -130,10 +130,10 @@ class _Stream:
         self.run, self.spec, self.seed, self.writer, self.on_window = run, spec, seed, writer, on_window
         self.pool_started: asyncio.Future[Any]  # set once the first decompositions are started
         self.embed, self.timings = embed, timings
-        self.synth = QASynthesizer(run.model)
+        self.synth = qa_synthesizer(run, spec)
         self.judge = QAJudge(run.model)
-        self.builders = {name: ToolBuilder(run.model, source, seed) for name, source in sources.items()}
-        self.no_source = ToolBuilder(run.model, None, seed)
+        self.builders = {name: ToolBuilder(run.model, source, seed, spec.tool_code) for name, source in sources.items()}
+        self.no_source = ToolBuilder(run.model, None, seed, spec.tool_code)
         self.paths: dict[str, asyncio.Future[bool]] = {}  # per instance id: judged, and kept or not
         self.tools: dict[str, asyncio.Future[EnvDraft | Rejection]] = {}
         self.tool_slots = asyncio.Semaphore(TOOL_CONCURRENCY)

@@ -71,7 +71,7 @@ class _Rows:
         return self._index[column]
 
 
-def _rows(source: KnowledgeSource, table: str) -> _Rows:
+def table_rows(source: KnowledgeSource, table: str) -> _Rows:
     """The table's rows, read once per source (the source owns the cache)."""
     cache: dict[str, _Rows] = source.derived.setdefault("tool_data.rows", {})
     if table not in cache:
@@ -132,7 +132,7 @@ def _keyed(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random
     column, key = ev.column or "", ev.key or ""
     extras = [a for a in t.attributes if a not in (column, key)][:3]
     cols = [key, column, *extras]
-    table = _rows(source, t.name)
+    table = table_rows(source, t.name)
     idx = [table.columns.index(c) for c in cols]
     by_key = table.by(key)
     gold_key = str(ev.value)
@@ -172,7 +172,7 @@ def _grouped(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Rand
     table_name, key = ev.table or "", ev.key or ""
     measure = ev.column if ev.kind == "sum" else None
     flt = _filter_column(source, ev) if ev.kind == "count" else None
-    table = _rows(source, table_name)
+    table = table_rows(source, table_name)
     groups = table.by(key)
     mi = table.columns.index(measure) if measure else None
 

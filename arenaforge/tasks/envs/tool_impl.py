@@ -36,6 +36,7 @@ class ToolImpl:
     calls: list[GoldCall]
     probes: list[Any] = field(default_factory=list)  # tool_data.Probe: other records' arguments and answers
     origin: str = "offline"  # the provider that wrote it
+    written_by: dict[str, str] | None = None  # which parts a model wrote and which the program (Provenance.written_by)
 
     @property
     def name(self) -> str:
@@ -89,9 +90,13 @@ def assemble(qa: QAInstance, tools: list[ToolImpl], extra: list[ToolImpl], distr
 def _provenance(qa: QAInstance, tools: list[ToolImpl]) -> Provenance:
     """The QA's model and prompt, the tools' writer as backend, the knowledge source."""
     made = qa.provenance
+    parts = dict(made.written_by or {}) if made else {}
+    for tool in tools:  # a part any tool's model wrote counts as the model's
+        for part, who in (tool.written_by or {}).items():
+            parts[part] = "model" if "model" in (who, parts.get(part)) else who
     return Provenance(backend=tools[0].origin if tools else (made.backend if made else "offline"),
                       model=made.model if made else None, prompt_hash=made.prompt_hash if made else None,
-                      source=qa.source)
+                      source=qa.source, written_by=parts or None)
 
 
 def stdlib_only(code: str) -> list[str]:

@@ -22,16 +22,25 @@ from arenaforge.schemas.models import ChatMessage
 
 def turn_schema(tools: list[dict[str, Any]], tool_choice: str | None) -> dict[str, Any]:
     """The JSON Schema of one turn: tool calls (names from `tools`) or a final answer, as `tool_choice` allows."""
-    names = [t["function"]["name"] for t in tools]
-    calls = {"type": "array", "minItems": 1, "items": {
-        "type": "object", "required": ["name", "arguments"],
-        "properties": {"name": {"enum": names}, "arguments": {"type": "object"}}}}
-    answer = {"type": "string"}
+    # one branch per tool, its name a const and its arguments the tool's own parameters: an endpoint that decodes
+    # under the schema (llama.cpp, vLLM) can only call a real tool with arguments of the right shape
+    calls = {"type": "array", "minItems": 1, "maxItems": 8, "items": {"anyOf": [
+        {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
+         "properties": {"name": {"const": t["function"]["name"]}, "arguments": _arguments_schema(t)}}
+        for t in tools]}}
+    answer = {"type": "string", "maxLength": 2000}
     if tool_choice == "none":
         return {"type": "object", "required": ["answer"], "properties": {"answer": answer}}
     if tool_choice == "required":
         return {"type": "object", "required": ["tool_calls"], "properties": {"tool_calls": calls}}
     return {"type": "object", "minProperties": 1, "properties": {"tool_calls": calls, "answer": answer}}
+
+
+def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    params = tool["function"].get("parameters") or {}
+    if not isinstance(params, dict) or params.get("type", "object") != "object":
+        return {"type": "object"}
+    return {"type": "object", **{k: v for k, v in params.items() if k != "type"}}
 
 
 def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool_choice: str | None

@@ -13,6 +13,7 @@ from typing import Any
 
 from arenaforge.tasks.envs.answers import entity, human
 from arenaforge.tasks.envs.build_tools import ToolInputs
+from arenaforge.tasks.envs.tool_code import code_from_evidence
 from arenaforge.tasks.envs.tool_data import typed
 from arenaforge.tasks.envs.tool_impl import DATA_VAR
 from arenaforge.tasks.models import ChatRequest
@@ -65,50 +66,6 @@ def _doc(inputs: ToolInputs) -> dict[str, Any]:
                 "required": [key]}}
 
 
-def _code(inputs: ToolInputs, name: str) -> str:
-    ev = inputs.data.evidence
-    table, key = ev.table or "", ev.key or ""
-    if ev.kind == "lookup":
-        column = ev.column or ""
-        return f'''
-def {name}({key}, fields=None):
-    """Return the {human(column)} of the {entity(table)} with the given {human(key)}."""
-    rows = {DATA_VAR}["{name}"]
-    row = rows.get(str({key}).strip())
-    if row is None:
-        raise ValueError("no {entity(table)} with {human(key)} " + repr({key}))
-    out = {{"{column}": row["{column}"]}}
-    for extra in fields or []:
-        if extra not in row or extra == "{column}":
-            raise ValueError("unknown field " + repr(extra))
-        out[extra] = row[extra]
-    return out
-'''
-    if ev.kind == "count":
-        flt = inputs.data.filter_column
-        filt_sig = f", {flt}=None" if flt else ""
-        filt_line = f"        if {flt} is not None and str(row.get(\"{flt}\")) != str({flt}):\n            continue\n" if flt else ""
-        return f'''
-def {name}({key}{filt_sig}):
-    """Count the {human(table)} whose {human(key)} is the given value."""
-    count = 0
-    for row in {DATA_VAR}["{name}"]:
-        if row["{key}"] != str({key}).strip():
-            continue
-{filt_line}        count += 1
-    return {{"count": count}}
-'''
-    column = ev.column or ""
-    return f'''
-def {name}({key}, decimals=2):
-    """Total {human(column)} of the {human(table)} whose {human(key)} is the given value."""
-    rows = [r for r in {DATA_VAR}["{name}"] if r["{key}"] == str({key}).strip()]
-    if not rows:
-        raise ValueError("no {human(table)} with {human(key)} " + repr({key}))
-    return {{"total_{column}": round(sum(float(r["{column}"] or 0) for r in rows), int(decimals))}}
-'''
-
-
 @generator("envs.tool_doc")
 def tool_doc(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     return _doc(request.inputs)
@@ -124,5 +81,5 @@ def implement_tool(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: ToolInputs = request.inputs
     doc = _doc(inputs)
     ev = inputs.data.evidence
-    return {"code": textwrap.dedent(_code(inputs, doc["name"])),
+    return {"code": textwrap.dedent(code_from_evidence(inputs.data, doc["name"])),
             "call": {"arguments": {ev.key: typed(ev.value, inputs.data.key_type)}}}

@@ -39,6 +39,20 @@ CHAINS_SCHEMA = {
 }
 
 
+def with_tool_names(schema: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """`schema` with every list of tool names an enum of `names`: a model that decodes under the schema (llama.cpp,
+    vLLM's structured outputs) can only name tools the server has; bounded lists keep a small model from looping."""
+    def names_list(lists: dict[str, Any]) -> dict[str, Any]:
+        return {**lists, "items": {"enum": sorted(set(names))}, "maxItems": 16}
+
+    props = dict(schema["properties"])
+    if "chains" in props:
+        props["chains"] = {**props["chains"], "items": names_list(props["chains"]["items"]), "maxItems": 4}
+    if "tools" in props:
+        props["tools"] = names_list(props["tools"])
+    return {**schema, "properties": props}
+
+
 @dataclass(frozen=True)
 class ServerTools:
     """A server and its tools: what the graph prompts are rendered from."""
@@ -62,7 +76,7 @@ class EdgeProposer:
         try:
             answer = await complete_json(self.model, "sft.propose_chains", lambda: self.prompt.render(
                 server=server.name, description=server.description or server.title, tools=tool_lines(tools)),
-                CHAINS_SCHEMA, inputs=ServerTools(server, tuple(tools)))
+                with_tool_names(CHAINS_SCHEMA, sorted(names)), inputs=ServerTools(server, tuple(tools)))
         except (ParseError, ProviderError) as err:
             return edges, [Rejection.of_error("graph", server.name, err)]
         pairs: dict[tuple[str, str], int] = {}
@@ -89,10 +103,11 @@ class EdgeProposer:
 
 
 VOTE_SCHEMA = {"type": "object",
-               "properties": {"valid": {"type": "boolean"}, "reason": {"type": "string"},
-                              "reasons": {"type": "array", "items": {"type": "string"}}},
+               "properties": {"valid": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 300},
+                              "reasons": {"type": "array", "items": {"type": "string", "maxLength": 500}}},
                "required": ["valid"]}
-QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string", "minLength": 1}}, "required": ["query"]}
+QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 500}},
+                "required": ["query"]}
 PLAN_SCHEMA = {"type": "object", "properties": {"tools": {"type": "array", "items": {"type": "string"}}},
                "required": ["tools"]}
 
@@ -154,7 +169,8 @@ class ChainVerifier:
                 server=server.name, tools=tools_text(), chain=" -> ".join(names)), QUERY_SCHEMA, inputs=inputs)
             plan = await complete_json(self.model, "sft.query_to_chain", lambda: self.plan_prompt.render(
                 server=server.name, tools=tool_lines(tools or chain), query=query["query"]),  # among every tool
-                PLAN_SCHEMA, inputs=PlanInputs(server, query["query"], tuple(tools or chain)))
+                with_tool_names(PLAN_SCHEMA, [t.function.name for t in tools or chain]),
+                inputs=PlanInputs(server, query["query"], tuple(tools or chain)))
         except (ParseError, ProviderError) as err:
             return False, [f"model failed: {err}"]
         if plan["tools"] != names:

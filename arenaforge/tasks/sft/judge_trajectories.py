@@ -11,10 +11,12 @@ offline provider computes them from the conversation itself (`tasks/offline/sft_
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from arenaforge.environments.reward import normalise
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, ToolChain, Trajectory
@@ -24,7 +26,7 @@ from arenaforge.tasks.prompts import load_prompt
 JUDGE_SCHEMA = {
     "type": "object",
     "properties": {**{d: {"type": "number", "minimum": 0, "maximum": 1} for d in JudgeScore.DIMENSIONS},
-                   "rationale": {"type": "string"}},
+                   "rationale": {"type": "string", "maxLength": 400}},
     "required": list(JudgeScore.DIMENSIONS),
 }
 
@@ -62,6 +64,42 @@ def _render(m: Any) -> str:
     return f"[{m.role}{' ' + m.name if m.name else ''}] {(m.content or '')[:800]}"
 
 
+def ungrounded(trajectory: Trajectory) -> str | None:
+    """Why the conversation does not show a grounded answer (None when it does): no tool returned a result, no
+    final answer, or a final answer that repeats nothing a tool returned."""
+    results = [m.content or "" for m in trajectory.messages if m.role == "tool"
+               and not (m.content or "").lstrip().lower().startswith("error")]
+    final = next((m.content for m in reversed(trajectory.messages) if m.role == "assistant" and not m.tool_calls), None)
+    if not results:
+        return "no tool call returned a result"
+    if not final or not final.strip():
+        return "no final answer"
+    said = normalise(final)
+    values = {normalise(v) for text in results for v in _scalars(text)}
+    if not any(len(v) >= 2 and v in said for v in values):
+        return "the final answer repeats no value the tools returned"
+    return None
+
+
+def _scalars(text: str) -> list[str]:
+    """The scalar values of a tool result (its JSON's leaves, or the text itself)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return [text.strip()]
+    out: list[str] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif item is not None and not isinstance(item, bool):
+            out.append(str(item))
+    return out
+
+
 async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str, Task], chains: dict[str, ToolChain],
                              judge: TrajectoryJudge, keep_threshold: float, run_id: str | None,
                              provenance: Provenance) -> tuple[list[JudgeScore], list[Rejection]]:
@@ -80,7 +118,12 @@ async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str
             raise result
         dims, rationale = result
         mean = round(sum(dims[d] for d in JudgeScore.DIMENSIONS) / len(JudgeScore.DIMENSIONS), 4)
+        # a model judge's word alone keeps nothing: the conversation itself must show a grounded answer (rules
+        # compute their dimensions from the conversation already)
+        unsupported = ungrounded(t) if judge.kind == "model" else None
+        if unsupported:
+            rationale = f"not kept whatever the judge says: {unsupported}. Judge: {rationale}"
         scores.append(JudgeScore(trajectory_id=t.id, judge=judge.kind, **dims, mean=mean,  # type: ignore[arg-type]
-                                 keep=mean >= keep_threshold, rationale=rationale[:500] or None,
+                                 keep=mean >= keep_threshold and not unsupported, rationale=rationale[:500] or None,
                                  parents=[t.id], run_id=run_id, provenance=provenance))
     return scores, rejections

@@ -1,0 +1,34 @@
+"""Offline answers of the stepwise decomposition (`tasks/envs/stepwise_qa.py`): templates over the planned row.
+
+`envs.write_subqa` asks about the row's first askable field the seeded draw picks and copies its value;
+`envs.write_main_question` joins the sub-questions into one (the last one, for a chain).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from arenaforge.tasks.envs.answers import entity, fmt_value, human
+from arenaforge.tasks.envs.stepwise_qa import SubQAInputs
+from arenaforge.tasks.models import ChatRequest
+from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+
+
+@generator("envs.write_subqa")
+def write_subqa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    fact = request.inputs.fact if isinstance(request.inputs, SubQAInputs) else request.inputs
+    column = random.Random(f"{request.seed}:{fact.table}:{fact.value}").choice(fact.columns)
+    return {"column": column,
+            "question": f"What is the {human(column)} of the {entity(fact.table)} with {human(fact.key)} {fact.value}?",
+            "answer": str(fmt_value(fact.row.get(column)))}
+
+
+@generator("envs.write_main_question")
+def write_main_question(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
+    _, subs = request.inputs
+    if any(s.depends_on for s in subs):  # a chain: named by its first fact, asking for its last one's field
+        first, last = subs[0].evidence, subs[-1].evidence
+        return {"main_question": f"What is the {human(last.column or '')} of the {entity(last.table or '')} that the "
+                                 f"{entity(first.table or '')} with {human(first.key or '')} {first.value} refers to?"}
+    return {"main_question": " And ".join(s.question for s in subs)}
