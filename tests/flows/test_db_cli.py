@@ -138,6 +138,12 @@ def test_query_and_show_print_csv_json_and_jsonl(browse_db: Path) -> None:
     code, out = _cli(browse_db, "db", "show", "rollouts", "--format", "jsonl", "--limit", "1")
     (row,) = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and row["engine"] == "scripted" and round(row["f1"], 3) == 0.667
+    code, out = _cli(browse_db, "db", "tables", "--format", "json")
+    listed = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and listed["v_environments"]["rows"] == 3 and listed["environments"]["kind"] == "table", out
+    code, out = _cli(browse_db, "db", "describe", "v_runs", "--format", "jsonl")
+    columns = {r["column"]: r["type"] for r in map(json.loads, out.splitlines())}
+    assert code == 0 and columns["flow"] == "VARCHAR" and columns["duration_s"] == "DOUBLE", out
     code, out = _cli(browse_db, "db", "show", "runs", "--format", "csv")
     header, *body = list(csv.reader(io.StringIO(out)))
     assert code == 0 and "flow" in header and len(body) == 1 and body[0][header.index("flow")] == "envs"

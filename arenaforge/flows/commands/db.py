@@ -13,24 +13,31 @@ app = typer.Typer(help="Browse, query and export the DuckDB warehouse.", no_args
 
 
 @app.command()
-def tables(ctx: typer.Context) -> None:
+def tables(ctx: typer.Context, fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP)) -> None:
     """List every table and view with its row count and what it holds."""
     from arenaforge.warehouse.reports import relation_comments
 
+    check_format(fmt)
     wh = state(ctx).warehouse()
     about = relation_comments(wh)
     rows = [(name, kind, wh.count(name), about.get(name, "")) for name, kind in wh.relations()]
-    print_rows(["name", "kind", "rows", "about"], rows, title=str(wh.path), width=max(24, console.width - 48))
+    print_records(["name", "kind", "rows", "about"], rows, fmt, title=str(wh.path),
+                  width=max(24, console.width - 48))
 
 
 @app.command()
-def describe(ctx: typer.Context, table: str = typer.Argument(..., help="Table or view.")) -> None:
+def describe(
+    ctx: typer.Context,
+    table: str = typer.Argument(..., help="Table or view."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
+) -> None:
     """The columns of a table or view: type and comment."""
     from arenaforge.warehouse.reports import relation_columns, relation_comments
 
+    check_format(fmt)
     wh = state(ctx).warehouse()
-    print_rows(["column", "type", "about"], relation_columns(wh, table),
-               title=f"{table}: {relation_comments(wh).get(table, '')}", full=True)
+    print_records(["column", "type", "about"], relation_columns(wh, table), fmt,
+                  title=f"{table}: {relation_comments(wh).get(table, '')}", full=True)
 
 
 @app.command()
