@@ -67,7 +67,16 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
 def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model_path: str = "",
          qas: int = 4) -> Any:
     """Client throughput against a scripted endpoint (share of `limit` kept busy; goal >= 0.9), or with --real
-    the pipeline driven by SmolLM2-135M behind transformers serve (accepted share by reason, tokens/s, waste)."""
+    the pipeline driven by SmolLM2-135M behind transformers serve (accepted share by reason, tokens/s, waste).
+
+    Args:
+        n: Requests sent to the scripted endpoint.
+        limit: The client's concurrency limit (the share of it kept busy is the result).
+        latency_s: Seconds the scripted endpoint takes to answer.
+        real: Drive the pipeline with a real small model (SmolLM2-135M behind transformers serve) instead.
+        model_path: --real: the model directory (empty: SmolLM2-135M from the local Hugging Face cache).
+        qas: --real: QAs to decompose.
+    """
     if real:
         return real_model.run(model_path or None, n=qas)
     return _scripted(n, limit, latency_s)
