@@ -85,6 +85,28 @@ def build_schedules(name: str, spec: Mapping[str, Any]) -> list[Any]:
     return [Interval(interval, **common)]
 
 
+def check_schedule_parameters(name: str, flow: Any, parameters: Mapping[str, Any]) -> None:
+    """A one-line ConfigError unless a schedule's `parameters` are `{params: {...}}` with fields the flow's parameter
+    model has and values it accepts (a misspelt field would otherwise be ignored, run after run)."""
+    found = params_model(flow)
+    if found is None:
+        return
+    pname, model = found
+    where = f"prefect.schedules.{name}.parameters"
+    given = parameters.get(pname)
+    if set(parameters) != {pname} or not isinstance(given, Mapping):
+        raise ConfigError(f"{where}: expected {{ {pname} = {{ ... }} }} (the fields of the run form), "
+                          f"got {dict(parameters)}")
+    unknown = sorted(set(given) - set(model.model_fields))
+    if unknown:
+        raise ConfigError(f"{where}: {pname} has no field {', '.join(map(repr, unknown))} "
+                          f"(fields: {', '.join(model.model_fields)})")
+    try:
+        model.model_validate(given)
+    except ValidationError as err:
+        raise ConfigError(f"{where}: {pname}.{first_error(err)}") from None
+
+
 def build_deployment(name: str, ref: str, cfg: Config, env: Mapping[str, str] | None = None,
                      working_dir: Path | None = None) -> Any:
     """A RunnerDeployment for one registry entry (not yet applied)."""
@@ -96,6 +118,8 @@ def build_deployment(name: str, ref: str, cfg: Config, env: Mapping[str, str] | 
     flow = load_flow_from(ref)
     spec = cfg.prefect.schedules.get(name)
     schedules = build_schedules(name, spec) if spec else None
+    if spec and spec.get("parameters"):
+        check_schedule_parameters(name, flow, spec["parameters"])
     # The schedule's parameters are also the deployment's defaults: prefect 3.8.8's server resets a
     # schedule's own parameters to {} when its active toggle is flipped (UI pause/resume), and
     # runs scheduled after a resume would otherwise lose them.

@@ -49,3 +49,59 @@ def _print_vertical(columns: Sequence[str], rows: Sequence[Sequence[Any]], title
         console.print(f"[dim]── row {n} ──[/dim]")
         for col, value in zip(columns, row, strict=False):
             console.print(f"{col.rjust(pad)}  {_cell(value, width)}", markup=False, highlight=False)
+
+
+# --------------------------------------------------------------------------- machine-readable output
+FORMATS = ("table", "csv", "json", "jsonl")
+FORMAT_HELP = "table (for reading), csv, json (one array of objects) or jsonl (one object a line)."
+
+
+def check_format(fmt: str, allowed: Sequence[str] = FORMATS) -> str:
+    """`fmt` when it is one of `allowed`; else a one-line user error."""
+    from arenaforge.schemas.errors import InputError
+
+    if fmt not in allowed:
+        raise InputError(f"--format {fmt!r}: use one of {', '.join(allowed)}")
+    return fmt
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value for what DuckDB returns (lists and structs stay nested; dates as ISO text)."""
+    import datetime
+    import decimal
+
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return str(value)
+
+
+def print_records(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table",
+                  title: str | None = None, **table: Any) -> None:
+    """Rows in `fmt`: a readable table (`print_rows`, with `title`), or CSV / JSON / JSON lines on stdout with
+    every cell whole (no title: what a script reads is the rows)."""
+    import csv
+    import json
+    import sys
+
+    check_format(fmt)
+    if fmt == "table":
+        print_rows(columns, rows, title=title, **table)
+        return
+    if fmt == "csv":
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([json.dumps(v, default=_plain) if isinstance(v, list | dict) else _csv_cell(v)
+                             for v in row])
+        return
+    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    if fmt == "json":
+        sys.stdout.write(json.dumps(records, default=_plain, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.writelines(json.dumps(r, default=_plain, ensure_ascii=False) + "\n" for r in records)
+
+
+def _csv_cell(value: Any) -> Any:
+    return "" if value is None else _plain(value) if not isinstance(value, str | int | float | bool) else value

@@ -47,7 +47,7 @@ stream_envs_task = task(stream_envs, name="stream-envs", retries=0, tags=[MODEL_
 
 
 @flow(name="envs", log_prints=True)
-async def envs(params: EnvsParams) -> dict[str, int]:
+async def envs(params: EnvsParams = EnvsParams()) -> dict[str, int]:
     """Synthesize verified, executable RL environments (ASTRA §1b) into the warehouse."""
     cfg = load_config(params.config_path, overrides=params.overrides)
     wh = warehouse(cfg)

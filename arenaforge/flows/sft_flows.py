@@ -110,7 +110,7 @@ async def _episodes_on_ray(scope: RunScope, task_ids: list[str], seed: int, batc
 
 
 @flow(name="ingest", log_prints=True)
-async def ingest(params: IngestParams) -> dict[str, int]:
+async def ingest(params: IngestParams = IngestParams()) -> dict[str, int]:
     """Ingest tool documents and live MCP servers into normalised tools grouped by server."""
     cfg = params.config()
     wh = warehouse(cfg)
@@ -124,7 +124,7 @@ async def ingest(params: IngestParams) -> dict[str, int]:
 
 
 @flow(name="graph", log_prints=True)
-async def graph(params: GraphParams) -> dict[str, int]:
+async def graph(params: GraphParams = GraphParams()) -> dict[str, int]:
     """Build each server's tool-call graph (data flow, plus the chains the run's model proposes)."""
     cfg = params.config()
     wh = warehouse(cfg)
@@ -137,7 +137,7 @@ async def graph(params: GraphParams) -> dict[str, int]:
 
 
 @flow(name="sft", log_prints=True)
-async def sft(params: SftParams) -> dict[str, Any]:
+async def sft(params: SftParams = SftParams()) -> dict[str, Any]:
     """Chains -> tasks -> trajectories -> seven-dimension scores (ASTRA §1a), optionally exported."""
     cfg = params.config()
     wh = warehouse(cfg)

@@ -105,13 +105,13 @@ def _curves(flow_name: str, result: dict[str, Any], params: Any) -> None:
 
 
 @flow(name="rollout")
-async def rollout(params: RolloutParams) -> dict[str, Any]:
+async def rollout(params: RolloutParams = RolloutParams()) -> dict[str, Any]:
     """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward."""
     return _summarise("rollout", await rollout_task(params))
 
 
 @flow(name="train-grpo")
-async def train_grpo(params: GrpoParams) -> dict[str, Any]:
+async def train_grpo(params: GrpoParams = GrpoParams()) -> dict[str, Any]:
     """Warm start (optional), GRPO and evaluation on the test split; or the verl job (verl.ray_address)."""
     with run_log():
         result = await grpo_task(params)
@@ -123,7 +123,7 @@ async def train_grpo(params: GrpoParams) -> dict[str, Any]:
 
 
 @flow(name="train-sft")
-def train_sft(params: SftParams) -> dict[str, Any]:
+def train_sft(params: SftParams = SftParams()) -> dict[str, Any]:
     """Supervised fine-tuning on an SFT export (loss on assistant tokens only)."""
     with run_log():
         result = sft_task(params)
@@ -132,13 +132,13 @@ def train_sft(params: SftParams) -> dict[str, Any]:
 
 
 @flow(name="warmstart")
-async def warmstart(params: WarmstartParams) -> dict[str, Any]:
+async def warmstart(params: WarmstartParams = WarmstartParams()) -> dict[str, Any]:
     """Warm-start SFT data: each environment's gold calls replayed in the sandbox, as messages+tools JSONL."""
     return _summarise("warmstart", await warmstart_task(params))
 
 
 @flow(name="eval")
-async def evaluate(params: EvalParams) -> dict[str, Any]:
+async def evaluate(params: EvalParams = EvalParams()) -> dict[str, Any]:
     """Evaluate a policy on the test split (F1, recall, precision, calls, format errors)."""
     with run_log():
         result = await eval_task(params)

@@ -24,6 +24,9 @@ from arenaforge.schemas.errors import WarehouseError
 # Large scans (a user's analysis) run in their own DuckDB: `arenaforge db cli`.
 ENGINE_THREADS = 1
 
+# The DuckDB the extension packages are built for; the DuckDB CLI that opens the warehouse must be this version.
+DUCKDB_VERSION = duckdb.__version__
+
 # extension name -> the PyPI package (import name) that carries it
 PACKAGES = {
     "ducklake": "duckdb_extension_ducklake",
@@ -76,12 +79,33 @@ def load_sql(names: list[str]) -> str:
 
 
 def cli_binary() -> str:
-    """The DuckDB CLI installed beside this Python (PyPI `duckdb-cli`, pinned to duckdb's version)."""
+    """The DuckDB CLI to open the warehouse with: the one installed beside this Python (PyPI `duckdb-cli`, pinned to
+    duckdb's version), else `duckdb` on PATH. A one-line error when none is found or when it is another version of
+    DuckDB: the extensions LOAD only into the exact version they were built for (`DUCKDB_VERSION`)."""
     beside = Path(sys.executable).parent / "duckdb"
     found = str(beside) if beside.is_file() else shutil.which("duckdb")
+    fix = f"pip install duckdb-cli=={DUCKDB_VERSION}"
     if found is None:
-        raise WarehouseError(f"no DuckDB CLI found (pip install duckdb-cli=={duckdb.__version__})")
+        raise WarehouseError(f"no DuckDB CLI found: the warehouse needs DuckDB v{DUCKDB_VERSION} ({fix})")
+    version = cli_version(found)
+    if version != f"v{DUCKDB_VERSION}":
+        raise WarehouseError(f"{found} is DuckDB {version}, but the warehouse's extensions load only into DuckDB "
+                             f"v{DUCKDB_VERSION} ({fix})")
     return found
+
+
+def cli_version(binary: str) -> str:
+    """What `binary --version` says its DuckDB is, e.g. `v1.5.5` (PyPI's duckdb-cli 1.5.6 says `v1.5.6`)."""
+    import subprocess
+
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as err:
+        raise WarehouseError(f"cannot run the DuckDB CLI {binary}: {err}") from None
+    words = done.stdout.split()
+    if done.returncode != 0 or not words:
+        raise WarehouseError(f"{binary} --version failed: {(done.stderr or done.stdout).strip()[:200]}")
+    return words[0]
 
 
 def _quote(text: str) -> str:

@@ -223,3 +223,23 @@ def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     assert any("falling back to the process backend" in r.getMessage() for r in caplog.records)
     with pytest.raises(SandboxError, match="debootstrap"):
         asyncio.run(scenario("docker"))  # asked for docker explicitly: no silent fallback
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_cli_status_reports_one_truthful_net_isolated(backend: str) -> None:
+    """The pool and each of its workers say the same about the network, and it is what the worker sees: only
+    loopback (docker: network_mode none; process as root: a private network namespace)."""
+    import os
+
+    from arenaforge.flows.cli import app
+    from tests.support.requirements import require_docker
+
+    if backend == "docker":
+        require_docker()
+    status = CliRunner().invoke(app, ["sandbox", "status", "--backend", backend])
+    assert status.exit_code == 0, status.output
+    report = json.loads(status.output)
+    assert report["pool"]["backend"] == backend and report["workers"], report
+    assert [w["net_isolated"] for w in report["workers"]] == [report["pool"]["net_isolated"]] * len(report["workers"])
+    if backend == "docker" or os.geteuid() == 0:
+        assert report["pool"]["net_isolated"] is True

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest
@@ -104,3 +104,81 @@ def test_run_filter_on_every_view_as_a_user_types_it(browse_db: Path) -> None:
                             "graph_edges", "--run", run_id], capture_output=True, text=True)
     assert shown.returncode == 2, shown.stderr
     assert shown.stderr.strip() == "error: v_graph_edges has no run_id column, so --run cannot pick its rows; filter with --where"
+
+
+def test_query_and_show_print_csv_json_and_jsonl(browse_db: Path) -> None:
+    """What a script reads: every row whole, in the format asked for, and nothing else on stdout."""
+    import csv
+    import io
+    import json
+
+    code, out = _cli(browse_db, "db", "query", "select count(*) as n from v_environments", "--format", "json")
+    assert code == 0, out
+    assert json.loads(out) == [{"n": 3}]
+    sql = "SELECT name, verified, tools FROM v_environments ORDER BY name"
+    want = [{"name": "weather_0", "verified": True, "tools": 4}, {"name": "weather_1", "verified": False, "tools": 5},
+            {"name": "weather_2", "verified": True, "tools": 1}]
+    code, out = _cli(browse_db, "db", "query", sql, "--format", "jsonl")
+    assert code == 0 and [json.loads(line) for line in out.splitlines()] == want, out
+    code, out = _cli(browse_db, "db", "query", sql, "--format", "csv")
+    assert code == 0 and list(csv.reader(io.StringIO(out))) == [
+        ["name", "verified", "tools"], ["weather_0", "True", "4"], ["weather_1", "False", "5"],
+        ["weather_2", "True", "1"]]
+    code, out = _cli(browse_db, "db", "query", "SELECT [1, 2] AS l, {'a': 'x'} AS s, 1.5::DECIMAL(4, 2) AS d, "
+                     "DATE '2026-11-28' AS day", "--format", "json")
+    assert code == 0 and json.loads(out) == [{"l": [1, 2], "s": {"a": "x"}, "d": 1.5, "day": "2026-11-28"}], out
+    code, out = _cli(browse_db, "db", "query", sql)  # the default: the table
+    assert code == 0 and "┃ name" in out and "weather_1" in out, out
+
+    # db show: the browsing view's columns, long cells whole (the table cuts them on screen)
+    code, out = _cli(browse_db, "db", "show", "environments", "--where", "verified", "--format", "json")
+    rows = json.loads(out)
+    assert code == 0 and sorted(r["name"] for r in rows) == ["weather_0", "weather_2"]
+    assert rows[0]["question"].startswith("What is the weather in city")
+    code, out = _cli(browse_db, "db", "show", "rollouts", "--format", "jsonl", "--limit", "1")
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and row["engine"] == "scripted" and round(row["f1"], 3) == 0.667
+    code, out = _cli(browse_db, "db", "tables", "--format", "json")
+    listed = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and listed["v_environments"]["rows"] == 3 and listed["environments"]["kind"] == "table", out
+    code, out = _cli(browse_db, "db", "describe", "v_runs", "--format", "jsonl")
+    columns = {r["column"]: r["type"] for r in map(json.loads, out.splitlines())}
+    assert code == 0 and columns["flow"] == "VARCHAR" and columns["duration_s"] == "DOUBLE", out
+    code, out = _cli(browse_db, "db", "show", "runs", "--format", "csv")
+    header, *body = list(csv.reader(io.StringIO(out)))
+    assert code == 0 and "flow" in header and len(body) == 1 and body[0][header.index("flow")] == "envs"
+
+
+def test_an_unknown_format_is_one_line(browse_db: Path) -> None:
+    shown = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(browse_db), "db", "query",
+                            "select 1", "--format", "xml"], capture_output=True, text=True)
+    assert shown.returncode == 2 and shown.stdout == ""
+    assert shown.stderr.strip() == "error: --format 'xml': use one of table, csv, json, jsonl"
+
+
+def test_duckdb_cli_1_5_6_from_pypi_cannot_load_the_extensions_and_db_cli_says_so_in_one_line(tmp_path: Path) -> None:
+    """PyPI's newest duckdb-cli (1.5.6) is DuckDB v1.5.6: its LOAD refuses the 1.5.5 extensions. With it first on PATH
+    (and no CLI beside Python), `db cli` names the version it found and the one it needs, in one line, exit 2."""
+    from arenaforge.warehouse.extensions import DUCKDB_VERSION, cli_version
+    from tests.support.duckdb_cli import venv_made_by
+
+    venv = venv_made_by("python3 -m venv ~/duckdb-cli && ~/duckdb-cli/bin/pip install duckdb-cli==1.5.6")
+    newer = venv / "bin" / "duckdb"
+    assert cli_version(str(newer)) == "v1.5.6" and DUCKDB_VERSION == "1.5.5"
+    wh = Warehouse(tmp_path / "w.lake")
+    wh.relations()
+    refused = subprocess.run([str(newer), *wh.cli_args(), "-c", "SELECT count(*) FROM v_environments"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "built specifically for DuckDB version 'v1.5.5'" in refused.stderr, refused.stderr
+
+    as_user = "import sys; sys.executable = sys.argv.pop(1); from arenaforge.flows.cli import main; main()"
+    no_cli_beside = str(tmp_path / "elsewhere" / "python")
+    for args in (["db", "cli"], ["db", "cli", "--print"]):
+        shown = subprocess.run([sys.executable, "-c", as_user, no_cli_beside, "--db", str(wh.path), *args],
+                               env={**os.environ, "PATH": f"{venv}/bin:{os.environ['PATH']}"},
+                               capture_output=True, text=True, timeout=120)
+        assert shown.returncode == 2 and shown.stdout == "", shown.stdout + shown.stderr
+        assert shown.stderr.splitlines() == [
+            f"error: {newer} is DuckDB v1.5.6, but the warehouse's extensions load only into DuckDB v1.5.5 "
+            "(pip install duckdb-cli==1.5.5)"]

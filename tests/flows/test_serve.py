@@ -133,6 +133,106 @@ def test_a_schedule_creates_and_completes_runs_and_a_paused_one_does_not(served:
     assert not [line for line in log.splitlines() if "ERROR" in line and "schedule" in line], log[-3000:]
 
 
+def _docs_schedules() -> dict[str, dict[str, Any]]:
+    """`[prefect.schedules]` as docs/UI.md's "Schedule the synthesis flows" writes it."""
+    import re
+    import tomllib
+
+    from tests.support.requirements import REPO
+
+    section = (REPO / "docs" / "UI.md").read_text().split("## Schedule the synthesis flows", 1)[1]
+    (block,) = re.findall(r"```toml\n(.*?)```", section.split("\n## ", 1)[0], re.S)
+    return tomllib.loads(block)["prefect"]["schedules"]
+
+
+def test_every_deployment_runs_with_its_defaults_when_given_no_parameters() -> None:
+    """What a schedule without `parameters` and the UI's Quick run send: nothing; every flow binds it to its
+    defaults."""
+    from arenaforge.flows.deployments import params_model
+    from arenaforge.flows.registry import FLOWS, load_flow
+
+    for name in FLOWS:
+        flow = load_flow(name)
+        pname, model = params_model(flow)
+        bound = flow.validate_parameters({})
+        assert bound[pname] == model(), name
+        assert flow.validate_parameters({pname: {}})[pname] == model(), name
+
+
+def test_schedule_parameters_the_form_does_not_have_are_refused_in_one_line(served: Any) -> None:
+    from arenaforge.flows.deployments import apply_deployments
+    from arenaforge.schemas.errors import ConfigError
+
+    cases = [({"params": {"n_chains": 200}}, "prefect.schedules.sft.parameters: params has no field 'n_chains'"),
+             ({"n_chains": 200}, "prefect.schedules.sft.parameters: expected { params = { ... } }"),
+             ({"params": {"batch_size": 0}}, "prefect.schedules.sft.parameters: params.batch_size: Input should be "
+                                             "greater than or equal to 1 (got 0)")]
+    for parameters, message in cases:
+        cfg = served.cfg.model_copy(update={"prefect": served.cfg.prefect.model_copy(
+            update={"schedules": {"sft": {"interval_s": 3600, "active": False, "parameters": parameters}}})})
+        with pytest.raises(ConfigError) as err:
+            apply_deployments(cfg, {"sft": "arenaforge.flows.sft_flows:sft"}, working_dir=served.project_dir())
+        assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.slow
+def test_the_docs_schedule_examples_complete_runs_with_parameters_given_absent_and_empty(served: Any) -> None:
+    """docs/UI.md's examples as they are, on the real `sft` and `envs` flows, the server's scheduler and the worker;
+    only their timing is made 3 seconds (and switched on). `envs` as written has no `parameters`; the same with
+    `parameters = {}`. Each deployment's first run is kept, its schedule paused and the runs queued after it deleted,
+    so the test runs each flow once."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    from arenaforge.flows.deployments import apply_deployments
+    from arenaforge.flows.registry import FLOWS
+
+    docs = _docs_schedules()
+    assert "parameters" in docs["sft"] and "parameters" not in docs["envs"], docs  # given / absent, as the test says
+    now = {"interval_s": 3}
+    cases = {  # deployment -> (registry entry, schedule, the parameters its runs must carry)
+        "docs-sft": ("sft", {**_timing_replaced(docs["sft"]), **now}, docs["sft"]["parameters"]),
+        "docs-envs": ("envs", {**_timing_replaced(docs["envs"]), **now}, {}),
+        "docs-envs-empty": ("envs", {**_timing_replaced(docs["envs"]), **now, "parameters": {}}, {}),
+    }
+    applied: dict[str, Any] = {}
+    with served.client_settings(), _client(served) as client:
+        try:
+            for name, (flow, schedule, _) in cases.items():
+                cfg = served.cfg.model_copy(update={"prefect": served.cfg.prefect.model_copy(
+                    update={"schedules": {name: schedule}})})
+                apply_deployments(cfg, {name: FLOWS[flow]}, env=served._flow_run_env(),
+                                  working_dir=served.project_dir())
+                applied[name] = client.read_deployment_by_name(f"{flow}/{name}")
+            for name, deployment in applied.items():
+                scheduled = _wait_runs(client, deployment.id, lambda r: r.auto_scheduled, f"{name}: scheduled run")
+                first = min(scheduled, key=lambda r: r.expected_start_time)  # the scheduler makes runs ahead
+                (sched,) = client.read_deployment_schedules(deployment.id)
+                client.update_deployment_schedule(deployment.id, sched.id, active=False)
+                queued = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+                for run in queued:
+                    if run.deployment_id == deployment.id and run.id != first.id:
+                        client.delete_flow_run(run.id)
+            for name, deployment in applied.items():
+                done = _wait_runs(client, deployment.id, lambda r: r.auto_scheduled and r.state and r.state.is_final(),
+                                  f"{name}: finished scheduled run", timeout_s=900)
+                assert done[0].state.is_completed(), f"{name}: {done[0].state}"
+                assert done[0].parameters == cases[name][2], name
+        finally:
+            for deployment in applied.values():
+                client.delete_deployment(deployment.id)
+    _, rows = served.warehouse.query("SELECT flow, count(*) FROM v_runs WHERE status = 'completed' "
+                                     "AND flow IN ('sft', 'envs') GROUP BY 1 ORDER BY 1")
+    counts = dict(rows)
+    assert counts.get("envs", 0) >= 2 and counts.get("sft", 0) >= 1, rows
+    assert served.warehouse.count("environments") > 0  # the envs runs, on their defaults, made environments
+
+
+def _timing_replaced(schedule: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in schedule.items() if k not in ("cron", "interval_s", "timezone", "active")}
+
+
 def test_bad_schedule_config_is_one_line() -> None:
     from arenaforge.flows.deployments import build_schedules
     from arenaforge.schemas.errors import ConfigError
@@ -158,6 +258,20 @@ def test_cli_run_validates_params_and_completes(served: Any, monkeypatch: pytest
     assert ok.exit_code == 0, ok.output
     assert "Completed" in ok.output
     assert _probe_rows(served, "cli") == [("cli-0", 1), ("cli-1", 1), ("cli-2", 1)]
+
+
+def test_serve_ls_prints_json(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from arenaforge.flows.cli import app
+
+    monkeypatch.setenv("ARENAFORGE_PREFECT__API_URL", served.api_url)
+    listed = CliRunner().invoke(app, ["serve", "ls", "--format", "json"])
+    assert listed.exit_code == 0, listed.output
+    rows = {row["deployment"]: row for row in json.loads(listed.output)}
+    assert set(served_flows()) <= set(rows)
+    assert rows["probe"] == {"deployment": "probe", "flow": "serve-probe", "work pool": "arenaforge-test",
+                             "schedules": "paused 1:00:00"}
 
 
 def test_server_rejects_wrong_types_before_running(served: Any) -> None:

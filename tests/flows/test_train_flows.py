@@ -110,6 +110,22 @@ def test_warmstart_command_writes_sft_jsonl(wh, tmp_path):
         assert [m["content"] for m in r["messages"] if m["role"] == "tool"] == gold[r["messages"][1]["content"]]
 
 
+def test_warmstart_and_train_sft_run_on_their_defaults(wh, tmp_path, monkeypatch):
+    """What a Quick run (or a schedule without parameters) of these deployments does: warmstart writes under the
+    config's out_dir; train-sft reads <out_dir>/sft.jsonl, where `sft export` writes, and says so when it is missing."""
+    import asyncio
+
+    from arenaforge.schemas.errors import InputError
+    from arenaforge.tasks.train.jobs import SftParams, WarmstartParams, sft_job, warmstart_job
+
+    monkeypatch.chdir(tmp_path)
+    out = asyncio.run(warmstart_job(WarmstartParams(db=str(wh.path))))
+    assert out["path"] == "out/warmstart/warmstart.jsonl" and (tmp_path / out["path"]).is_file()
+    with pytest.raises(InputError, match=r"^train-sft: data out/sft.jsonl: no such file \(write it with "
+                                         r"`arenaforge sft export`, or set data\)$"):
+        sft_job(SftParams(db=str(wh.path)))
+
+
 def test_warmstart_command_adds_copy_forced_variants(wh, tmp_path):
     out = _run(wh, "train", "warmstart", "--out", str(tmp_path), "--split", "all", "--copy-variants", "2")
     assert (out["examples"], out["rejected"]) == (6, 0)

@@ -6,23 +6,27 @@ and the DuckDB CLI from PyPI could not open the file at all. Here:
     and the flow finishes;
   * the DuckDB CLI installed from PyPI (`duckdb-cli`, the command `arenaforge db cli --print` gives)
     and `arenaforge db show` query v_environments in the middle of a run, while the flow is frozen
-    with SIGSTOP right after its first batch of environments was committed.
+    with SIGSTOP right after its first batch of environments was committed;
+  * so does a DuckDB CLI installed as docs/WAREHOUSE.md says, in a venv of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from arenaforge.warehouse import Warehouse
-from arenaforge.warehouse.extensions import cli_binary
+from arenaforge.warehouse.extensions import DUCKDB_VERSION, cli_binary
+from tests.support.duckdb_cli import docs_blocks, venv_made_by
 
 
 def _synth(db: Path, *args: str) -> list[str]:
@@ -74,16 +78,11 @@ def test_a_reader_holds_a_session_for_a_whole_envs_synth_and_the_flow_finishes(t
     assert reader.returncode == 0, err
 
 
-@pytest.mark.slow
-def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_server):
-    db = tmp_path / "w.lake"
-    Warehouse(db).relations()
-    printed = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "db", "cli", "--print"],
-                             capture_output=True, text=True, timeout=120)
-    assert printed.returncode == 0, printed.stderr
-    assert printed.stdout.startswith(cli_binary()) and "READ_ONLY" in printed.stdout
-
-    proc = subprocess.Popen(_synth(db, "--n", "12", "--batch-size", "4", "--seed", "7"), cwd=tmp_path, env=_env(),
+@contextlib.contextmanager
+def _a_run_frozen_after_its_first_batch(db: Path, cwd: Path) -> Iterator[None]:
+    """An `envs synth` writing `db`, frozen (SIGSTOP) right after its first batch of environments was committed;
+    on leaving, it goes on and must finish."""
+    proc = subprocess.Popen(_synth(db, "--n", "12", "--batch-size", "4", "--seed", "7"), cwd=cwd, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     frozen = False
     seen_lines: list[str] = []
@@ -98,6 +97,24 @@ def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_se
                 break
             assert time.monotonic() < deadline, "no batch of environments finished"
         assert frozen, "the run ended before its first batch of environments finished: " + "".join(seen_lines)[-3000:]
+        yield
+    finally:
+        if frozen:
+            os.killpg(proc.pid, signal.SIGCONT)
+    rest, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, rest[-3000:]
+
+
+@pytest.mark.slow
+def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_server):
+    db = tmp_path / "w.lake"
+    Warehouse(db).relations()
+    printed = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(db), "db", "cli", "--print"],
+                             capture_output=True, text=True, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout.startswith(cli_binary()) and "READ_ONLY" in printed.stdout
+
+    with _a_run_frozen_after_its_first_batch(db, tmp_path):
         # The one-line command a user runs, as printed above, with a query appended.
         query = subprocess.run([*_shell_words(printed.stdout), "-csv", "-noheader", "-c",
                                 "SELECT count(*), count(*) FILTER (WHERE verified) FROM v_environments"],
@@ -111,12 +128,30 @@ def test_the_duckdb_cli_queries_v_environments_during_a_run(tmp_path, prefect_se
                                env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
         assert shown.returncode == 0, shown.stderr
         assert f"v_environments: 1 of {seen} rows" in shown.stdout
-    finally:
-        if frozen:
-            os.killpg(proc.pid, signal.SIGCONT)
-    rest, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, rest[-3000:]
     assert Warehouse(db).count("environments") >= seen  # the run went on and finished after the read
+
+
+@pytest.mark.slow
+def test_the_warehouse_md_instructions_read_v_environments_during_a_run(tmp_path, prefect_server):
+    """docs/WAREHOUSE.md's "A DuckDB CLI of your own", followed as written: its venv (made once per machine, only
+    where it lives changed), then its command from the project directory with a query typed at the prompt."""
+    make_venv, open_lake = docs_blocks()
+    venv = venv_made_by(make_venv)
+    active = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},  # the venv activated
+              "VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:{os.environ['PATH']}"}
+    version = subprocess.run(["duckdb", "--version"], env=active, capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith(f"v{DUCKDB_VERSION} "), version.stdout + version.stderr
+    db = tmp_path / "arenaforge.lake"  # the name the docs' command opens, in the project directory
+    Warehouse(db).relations()
+
+    with _a_run_frozen_after_its_first_batch(db, tmp_path):
+        typed = ".mode csv\n.headers off\nSELECT count(*), count(*) FILTER (WHERE verified) FROM v_environments;\n"
+        query = subprocess.run(["bash", "-c", open_lake], input=typed, cwd=tmp_path, env=active,
+                               capture_output=True, text=True, timeout=120)
+        assert query.returncode == 0 and not query.stderr, query.stdout + query.stderr
+        seen, verified = (int(x) for x in query.stdout.strip().split(","))
+        assert seen > 0 and verified == seen, query.stdout  # the first batch, read while the run is mid-way
+    assert Warehouse(db).count("environments") >= seen
 
 
 def _shell_words(command: str) -> list[str]:

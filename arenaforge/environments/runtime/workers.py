@@ -55,9 +55,7 @@ class WorkerSlots:
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         await asyncio.gather(*(self._worker(i) for i in range(self.cfg.pool_size)))
-        info = dict(next((w.info for w in self.workers if w is not None), {}))
-        if self.backend == "docker":
-            info["net_isolated"] = True  # network_mode none
+        info = dict(next((w.info for w in self.workers if w is not None), {}))  # each worker measures its own
         self.info = {"backend": self.backend, **info}
         if self.backend == "process":
             if not info.get("namespaces"):

@@ -33,10 +33,27 @@ def _register(name: str, main: Any) -> None:
     # Resolve string annotations (modules use `from __future__ import annotations`) so typer
     # sees real types: `bool` parameters then become --flag/--no-flag switches.
     hints = typing.get_type_hints(main)
-    params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in inspect.signature(main).parameters.values()]
+    about, helps = _docstring(main.__doc__ or "")
+    params = [p.replace(annotation=hints.get(p.name, p.annotation),
+                        default=typer.Option(p.default, help=helps.get(p.name, "")))
+              for p in inspect.signature(main).parameters.values()]
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    command.__doc__ = main.__doc__
-    app.command(name=name)(command)
+    app.command(name=name, help=about)(command)
+
+
+def _docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """(the text before `Args:`, {parameter: its help}) from a docstring whose `Args:` section has one `name: text`
+    line per parameter, continued on lines indented deeper: each option's help comes from there."""
+    about, _, args = inspect.cleandoc(doc).partition("\nArgs:\n")
+    helps: dict[str, str] = {}
+    name = ""
+    for line in args.splitlines():
+        head, sep, text = line.strip().partition(": ")
+        if sep and line.startswith("    ") and not line.startswith("     ") and head.isidentifier():
+            name, helps[head] = head, text.strip()
+        elif name and line.strip():
+            helps[name] += " " + line.strip()
+    return about.strip(), helps
 
 
 for _info in pkgutil.iter_modules(benchmarks.__path__):

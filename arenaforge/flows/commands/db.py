@@ -5,31 +5,39 @@ from __future__ import annotations
 import typer
 
 from arenaforge.flows.context import state
-from arenaforge.flows.display import console, print_rows
+from arenaforge.flows.display import FORMAT_HELP, check_format, console, print_records, print_rows
 from arenaforge.schemas.errors import InputError
+from arenaforge.warehouse.extensions import DUCKDB_VERSION
 
 app = typer.Typer(help="Browse, query and export the DuckDB warehouse.", no_args_is_help=True)
 
 
 @app.command()
-def tables(ctx: typer.Context) -> None:
+def tables(ctx: typer.Context, fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP)) -> None:
     """List every table and view with its row count and what it holds."""
     from arenaforge.warehouse.reports import relation_comments
 
+    check_format(fmt)
     wh = state(ctx).warehouse()
     about = relation_comments(wh)
     rows = [(name, kind, wh.count(name), about.get(name, "")) for name, kind in wh.relations()]
-    print_rows(["name", "kind", "rows", "about"], rows, title=str(wh.path), width=max(24, console.width - 48))
+    print_records(["name", "kind", "rows", "about"], rows, fmt, title=str(wh.path),
+                  width=max(24, console.width - 48))
 
 
 @app.command()
-def describe(ctx: typer.Context, table: str = typer.Argument(..., help="Table or view.")) -> None:
+def describe(
+    ctx: typer.Context,
+    table: str = typer.Argument(..., help="Table or view."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
+) -> None:
     """The columns of a table or view: type and comment."""
     from arenaforge.warehouse.reports import relation_columns, relation_comments
 
+    check_format(fmt)
     wh = state(ctx).warehouse()
-    print_rows(["column", "type", "about"], relation_columns(wh, table),
-               title=f"{table}: {relation_comments(wh).get(table, '')}", full=True)
+    print_records(["column", "type", "about"], relation_columns(wh, table), fmt,
+                  title=f"{table}: {relation_comments(wh).get(table, '')}", full=True)
 
 
 @app.command()
@@ -38,24 +46,33 @@ def show(
     table: str = typer.Argument(..., help="Table or view; `environments` shows the browsing view v_environments."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter, e.g. \"verified AND tools > 3\"."),
     limit: int = typer.Option(20, "--limit", "-n", min=1, help="Rows to print."),
-    run: str = typer.Option(None, "--run", help="Only rows written by this run (its run id)."),
+    run: str = typer.Option(None, "--run", help="Only rows written by this run (its run id); default: every run."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
-    """Print rows of a table or view (its browsing view v_<table> when one exists); long cells are cut on screen."""
+    """Print rows of a table or view (its browsing view v_<table> when one exists); long cells are cut on screen
+    (in the table format only)."""
     from arenaforge.warehouse.reports import browsing_name, relation_page
 
+    check_format(fmt)
     wh = state(ctx).warehouse()
     page = relation_page(wh, browsing_name(wh, table), where, run, limit)
     more = "; --limit N shows more" if page.total > len(page.rows) else ""
     matching = " matching" if where or run else ""
-    print_rows(page.columns, page.rows, title=f"{page.name}: {len(page.rows)} of {page.total} rows{matching}{more}")
+    print_records(page.columns, page.rows, fmt,
+                  title=f"{page.name}: {len(page.rows)} of {page.total} rows{matching}{more}")
 
 
 @app.command()
-def query(ctx: typer.Context, sql: str = typer.Argument(..., help="Any DuckDB SQL.")) -> None:
+def query(
+    ctx: typer.Context,
+    sql: str = typer.Argument(..., help="Any DuckDB SQL."),
+    fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
+) -> None:
     """Run SQL against the warehouse and print the result."""
+    check_format(fmt)
     columns, rows = state(ctx).warehouse().query(sql)
-    if columns:
-        print_rows(columns, rows, width=80)
+    if columns or fmt != "table":
+        print_records(columns, rows, fmt, width=80)
     else:
         console.print("ok")
 
@@ -117,12 +134,14 @@ def compact(
         console.print(f"{wh.path}: single DuckDB file, checkpointed")
 
 
-@app.command()
+@app.command(help=(
+    f"Open the warehouse read-only in the DuckDB CLI (safe while flows write). Needs the DuckDB CLI v{DUCKDB_VERSION} "
+    f"(PyPI duckdb-cli=={DUCKDB_VERSION}, installed with arenaforge): the DuckLake and catalog extensions load only "
+    "into the DuckDB version they were built for; another version is refused in one line."))
 def cli(
     ctx: typer.Context,
     print_only: bool = typer.Option(False, "--print", help="Print the shell command instead of running it."),
 ) -> None:
-    """Open the warehouse read-only in the DuckDB CLI (safe while flows write)."""
     import os
     import shlex
 

@@ -35,15 +35,17 @@ def run_cmd(
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
     model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
-    served_model: str = typer.Option(None),
+    served_model: str = typer.Option(None, help="vllm: the model name the server serves (default: --model-path, "
+                                     "else `policy`)."),
     samples: int = typer.Option(1, help="Episodes per environment."),
     env_limit: int = typer.Option(None, help="At most this many environments."),
     split: str = typer.Option(None, help="test (default; all with --suite), train or all."),
     max_turns: int = typer.Option(4, help="Assistant turns per episode (training's limit by default)."),
     max_length: int = typer.Option(384, help="Response tokens per episode."),
     max_tokens_per_turn: int = typer.Option(96, help="Tokens per assistant turn."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."), concurrency: int = typer.Option(32),
-    seed: int = typer.Option(0),
+    temperature: float = typer.Option(0.0, help="Sampling temperature; 0 = greedy."),
+    concurrency: int = typer.Option(32, help="Episodes in flight at once."),
+    seed: int = typer.Option(0, help="Sampling seed."),
     suite: str = typer.Option(None, "--suite", help="An imported suite (`arenaforge envs import`): its environments, "
                                                     "every split unless --split is given, scored with its native "
                                                     "metric beside our F1."),

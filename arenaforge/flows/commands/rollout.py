@@ -18,11 +18,17 @@ def run_cmd(
     engine: str = typer.Option("hf", help="Policy engine: hf, vllm or vllm-local."),
     model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
     policy_url: str = typer.Option(None, help="vllm: the `vllm serve` endpoint."),
-    served_model: str = typer.Option(None),
+    served_model: str = typer.Option(None, help="vllm: the model name the server serves (default: --model-path, "
+                                     "else `policy`)."),
     samples: int = typer.Option(1, help="Episodes per environment."),
-    env_limit: int = typer.Option(None), split: str = typer.Option("all"),
-    max_turns: int = typer.Option(8), max_length: int = typer.Option(2048), max_tokens_per_turn: int = typer.Option(256),
-    temperature: float = typer.Option(1.0), concurrency: int = typer.Option(32), seed: int = typer.Option(0),
+    env_limit: int = typer.Option(None, help="At most this many environments (default: all)."),
+    split: str = typer.Option("all", help="Environment split: all, train or test."),
+    max_turns: int = typer.Option(8, help="Assistant turns per episode."),
+    max_length: int = typer.Option(2048, help="Response tokens per episode (model + tool)."),
+    max_tokens_per_turn: int = typer.Option(256, help="Tokens per assistant turn."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature; 0 = greedy."),
+    concurrency: int = typer.Option(32, help="Episodes in flight at once."),
+    seed: int = typer.Option(0, help="Sampling seed."),
 ) -> None:
     """Roll out a policy on warehouse environments and store the rollouts."""
     from arenaforge.flows.train_flows import rollout

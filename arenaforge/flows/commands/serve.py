@@ -12,7 +12,7 @@ import signal
 import typer
 
 from arenaforge.flows.context import state
-from arenaforge.flows.display import console, print_rows
+from arenaforge.flows.display import FORMAT_HELP, check_format, console, print_records, print_rows
 
 app = typer.Typer(
     help="Start the Prefect server, deployments and a worker (Ctrl-C stops everything); start deployment runs.",
@@ -82,10 +82,11 @@ def run(
 
 
 @app.command("ls")
-def ls(ctx: typer.Context) -> None:
+def ls(ctx: typer.Context, fmt: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP)) -> None:
     """List the deployments on the server, with their schedules."""
     from arenaforge.flows.serve import api_url_for, quiet_env, require_api
 
+    check_format(fmt)
     quiet_env()
     api_url = api_url_for(state(ctx).config)
     require_api(api_url)
@@ -107,4 +108,4 @@ def ls(ctx: typer.Context) -> None:
         )
         for d in deployments
     ]
-    print_rows(["deployment", "flow", "work pool", "schedules"], rows, title=api_url)
+    print_records(["deployment", "flow", "work pool", "schedules"], rows, fmt, title=api_url)

@@ -141,9 +141,13 @@ def sft_cmd(
     ctx: typer.Context,
     data: str = typer.Option(..., help="SFT export (OpenAI messages+tools JSONL)."),
     model_path: str = typer.Option(None, help="Model dir or checkpoint, or arena-small (default), tiny, smollm2-135m."),
-    experiment: str = typer.Option("sft"), out_dir: str = typer.Option(None),
-    epochs: int = typer.Option(1), max_steps: int = typer.Option(None), batch_size: int = typer.Option(4),
-    lr: float = typer.Option(1e-5), max_length: int = typer.Option(4096),
+    experiment: str = typer.Option("sft", help="Experiment name (checkpoint directory; resumes when it exists)."),
+    out_dir: str = typer.Option(None, help="Parent directory of experiments (default: the config's out_dir + /train)."),
+    epochs: int = typer.Option(1, help="Passes over the data."),
+    max_steps: int = typer.Option(None, help="Stop after this many steps (default: all epochs)."),
+    batch_size: int = typer.Option(4, help="Examples per step."),
+    lr: float = typer.Option(1e-5, help="Learning rate (constant after warm-up)."),
+    max_length: int = typer.Option(4096, help="Tokens per example (longer ones are cut)."),
     checkpoint_every: int = typer.Option(50, help="Save weights every k steps."),
 ) -> None:
     """Supervised fine-tuning with loss on assistant tokens only."""

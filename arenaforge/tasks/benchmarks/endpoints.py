@@ -91,7 +91,16 @@ async def _run(replicas: int, n: int, workers: int, capacity: int, latency_s: fl
 
 async def main(n: int = 2048, replicas: int = 4, capacity: int = 16, latency_s: float = 0.25,
                workers: int = 0, kill_at: float = 0.3) -> dict[str, Any]:
-    """`replicas` scripted endpoints vs 1 on the same work (goal: >= 3.5x), and with one killed mid-run."""
+    """`replicas` scripted endpoints vs 1 on the same work (goal: >= 3.5x), and with one killed mid-run.
+
+    Args:
+        n: Requests per run.
+        replicas: Scripted endpoints in the pool (compared with one).
+        capacity: Requests each endpoint answers at once (more wait in its queue).
+        latency_s: Seconds each endpoint takes to answer.
+        workers: Client tasks sending requests (0: twice the pool's capacity).
+        kill_at: Share of the run after which one replica is SIGKILLed, in the third run.
+    """
     workers = workers or 2 * capacity * replicas
     with tempfile.TemporaryDirectory() as tmp:
         one = await _run(1, n, workers, capacity, latency_s, Path(tmp))

@@ -294,7 +294,22 @@ async def main(n: int = 300, sources: str = "sample", shared_data: str = "", ope
     `batch_size`: the openai runs' chunk (batch) / window (stream) of kept QAs that merging and distractors see:
     the default 112 makes three windows of the 336 QAs the default 4,096 decompositions keep (100000: one for the
     whole run). `merge_across` (default on; --no-merge-across): each merges against the ones before it, so the
-    windows make the one window's merges: the sliding window of `envs synth --pipeline stream --merge-across`."""
+    windows make the one window's merges: the sliding window of `envs synth --pipeline stream --merge-across`.
+
+    Args:
+        n: QAs requested per knowledge source in the offline run.
+        sources: Knowledge sources of the offline run, comma-separated (sample, tau2, ...).
+        shared_data: Directory of shared datasets the sources read (empty: the bundled data only).
+        openai_n: Decompositions requested in the openai-backend runs.
+        limit: The model endpoint's concurrency limit in the openai-backend runs.
+        latency_s: Seconds the scripted endpoint takes to answer.
+        sandbox: Sandbox backend: process, docker or auto.
+        skip_openai: Skip the openai-backend runs.
+        skip_offline: Skip the offline run.
+        layout: Warehouse of the offline run: lake (DuckLake) or file (one DuckDB file).
+        batch_size: Kept QAs per batch (batch pipeline) or window (stream pipeline) in the openai-backend runs.
+        merge_across: Each window merges against the ones before it (--no-merge-across: on its own).
+    """
     out: dict[str, Any] = {}
     if not skip_offline:
         await _offline(n, [s for s in sources.split(",") if s], shared_data or None, sandbox, out, layout)

@@ -82,7 +82,16 @@ async def _bfcl(model_path: str, limit: int) -> dict[str, Any]:
 
 async def main(db: str = "", model_path: str = "", env_limit: int = 60, split: str = "test",
                bfcl_limit: int = 0, sandbox: str = "process") -> dict[str, Any]:
-    """Free vs grounded argument values on one checkpoint: F1, call diagnostics, tokens/s (and BFCL)."""
+    """Free vs grounded argument values on one checkpoint: F1, call diagnostics, tokens/s (and BFCL).
+
+    Args:
+        db: The warehouse holding the environments (required; e.g. a `bench learning` run's learning.duckdb).
+        model_path: The policy checkpoint (empty: the default policy, arena-small).
+        env_limit: Evaluate on at most this many environments.
+        split: Environment split: test, train or all.
+        bfcl_limit: BFCL single-turn questions per category (0: skip BFCL).
+        sandbox: Sandbox backend: process, docker or auto.
+    """
     from arenaforge.schemas.config import load_config
     from arenaforge.schemas.errors import InputError
     from arenaforge.tasks.benchmarks.learning import bootstrap_ci

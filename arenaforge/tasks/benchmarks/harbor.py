@@ -65,7 +65,14 @@ async def _time_sessions(pool: Any, env: Any, sessions: int, calls: int, tool: s
 
 
 async def main(tasks: int = 3, sessions: int = 8, calls: int = 20, sandbox_backend: str = "auto") -> dict[str, Any]:
-    """Import cost, container session open/close, run_shell and tests latency; sandbox open/call beside them."""
+    """Import cost, container session open/close, run_shell and tests latency; sandbox open/call beside them.
+
+    Args:
+        tasks: Harbor tasks generated and imported.
+        sessions: Sessions opened (and closed) on one task, and on the sandbox beside it.
+        calls: Calls in all, spread over the sessions.
+        sandbox_backend: Sandbox backend of the comparison: auto, docker or process.
+    """
     import docker
 
     from arenaforge.environments.containers import TaskContainers

@@ -120,7 +120,32 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
          suite_limit: int = 50, ground_arguments: bool = True, skip_forced_tokens: bool = True) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL, and
     with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1).
-    `--no-ground-arguments`: tool-call argument values decoded free instead of copied from the conversation."""
+    `--no-ground-arguments`: tool-call argument values decoded free instead of copied from the conversation.
+
+    Args:
+        out: Folder of the run: its warehouse (learning.duckdb), checkpoints and curves.
+        n: QAs synthesized from the sample source (into environments).
+        model: The policy trained: arena-small, tiny or smollm2-135m.
+        warmstart_steps: Warm-start SFT steps (gold-call replays and kept SFT-track trajectories).
+        warmstart_batch_size: Warm-start SFT examples per step.
+        warmstart_lr: Warm-start SFT learning rate (peak, after warm-up).
+        warmstart_copy_variants: Copy-forced variants per gold-call replay in the warm-start data.
+        grpo_steps: GRPO steps from the warm start.
+        grpo_lr: GRPO learning rate.
+        group_size: Rollouts per GRPO group (G).
+        batch_groups: GRPO groups per step.
+        temperature: GRPO rollouts' sampling temperature (evaluations are greedy).
+        test_share: Share of each structure's near-duplicate groups held out as test.
+        eval_limit: Test environments each stage is evaluated on.
+        bfcl_limit: BFCL single-turn questions per category (0: skip BFCL).
+        sandbox: Sandbox backend: process, docker or auto.
+        seed: Seed of synthesis, split, training and sampling.
+        suite: An imported suite to evaluate each stage on as well (empty: none).
+        suite_db: --suite: the warehouse the suite was imported into.
+        suite_limit: --suite: at most this many of its environments.
+        ground_arguments: Top-level argument values copied from the conversation (--no-ground-arguments: decoded free).
+        skip_forced_tokens: Tokens constrained decoding forced stay out of the GRPO loss (--no-skip-forced-tokens: in).
+    """
     import logging
     import sys
 

@@ -255,7 +255,24 @@ async def main(rollouts: int = 256, slots: int = 32, calls: int = 3, seconds_per
          tool_max_s: float = 0.4, pool_size: int = 8, backend: str = "process", train_batches: int = 3,
          groups: int = 4, group_size: int = 4, prompt_len: int = 256, response_len: int = 256,
          seed: int = 0) -> dict:
-    """Engine busy share (async vs static batch) and trainer tokens/s (ours vs TRL) on the tiny model."""
+    """Engine busy share (async vs static batch) and trainer tokens/s (ours vs TRL) on the tiny model.
+
+    Args:
+        rollouts: Episodes rolled out in each scheduler's run.
+        slots: Episodes the simulated engine holds at once.
+        calls: Tool calls per episode.
+        seconds_per_token: The simulated engine's seconds per generated token.
+        tool_min_s: Shortest tool call, in seconds (each call sleeps a seeded time between min and max).
+        tool_max_s: Longest tool call, in seconds.
+        pool_size: Sandbox workers.
+        backend: Sandbox backend: process, docker or auto.
+        train_batches: Training batches timed, for ours and TRL's.
+        groups: Groups per training batch.
+        group_size: Rollouts per group.
+        prompt_len: Prompt tokens per training example.
+        response_len: Response tokens per training example.
+        seed: Seed of the episodes, tool times and batches.
+    """
     from transformers import AutoTokenizer
 
     from arenaforge.tasks.train.tiny_model import ensure_tiny_model

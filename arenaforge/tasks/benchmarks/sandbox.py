@@ -104,7 +104,28 @@ async def main(
     engine_concurrency: int = 64,
     engine_rounds: int = 3,
 ) -> dict:
-    """Pool vs docker-run vs subprocess per call (calls/s, p50/p99 at each concurrency level); opens of a 7 MB-state env."""
+    """Pool vs docker-run vs subprocess per call (calls/s, p50/p99 at each concurrency level); opens of a 7 MB-state env.
+
+    Args:
+        levels: Concurrency levels (sessions calling at once), comma-separated.
+        trivial_calls: Calls per level of the trivial workload.
+        cpu_calls: Calls per level of the 50 ms CPU-bound workload (at least one per session).
+        subprocess_calls: Calls made as one subprocess each, for comparison (0: skip).
+        docker_run_calls: Calls made as one `docker run` each, for comparison (0: skip).
+        docker_run_concurrency: `docker run` calls at once.
+        backend: Sandbox backend: auto, docker or process.
+        pool_size: Sandbox workers (0: the config's sandbox.pool_size).
+        workloads: Workloads, comma-separated: trivial, cpu50ms.
+        state_mb: Size of the stateful environment whose session opens are timed, in MB (0: skip).
+        state_opens: Session opens of the stateful environment, one by one.
+        state_concurrency: Session opens of the stateful environment at once.
+        module_kb: Size of the large-module environment whose opens are timed, in KB (0: skip).
+        module_opens: Session opens of the large-module environment.
+        engines: Docker engines to compare a pool over all of them with one, comma-separated (empty: skip).
+        engine_calls: --engines: calls per round.
+        engine_concurrency: --engines: sessions calling at once.
+        engine_rounds: --engines: rounds, alternating the two pools.
+    """
     import asyncio
     import json
     import logging

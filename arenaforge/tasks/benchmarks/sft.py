@@ -84,7 +84,17 @@ async def main(tools: int = 20000, servers: int = 1500, e2e_servers: int = 250, 
     """Ingest, graph build, chain sampling and end-to-end trajectories/minute on a generated corpus.
 
     `layout`: the warehouse, `lake` (DuckLake, the default) or `file` (one DuckDB file, the layout before
-    DuckLake), to time the stages apart from the storage under them."""
+    DuckLake), to time the stages apart from the storage under them.
+
+    Args:
+        tools: Tools in the generated corpus.
+        servers: Servers the tools are spread over.
+        e2e_servers: Servers the end-to-end run synthesizes trajectories for.
+        chains_per_server: Tool chains sampled per server in the end-to-end run.
+        embeddings: Add MiniLM similarity edges to the graph (slower).
+        seed: Seed of the corpus and the walks.
+        layout: Warehouse: lake (DuckLake) or file (one DuckDB file).
+    """
     from arenaforge.schemas.config import Config, SftConfig, WarehouseConfig
     from arenaforge.tasks.heap import tenured_heap
     from arenaforge.tasks.run_scope import open_run_scope

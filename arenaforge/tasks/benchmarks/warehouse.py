@@ -217,7 +217,18 @@ def _tail(out: Path) -> str:
 # --------------------------------------------------------------------------- the benchmark
 async def main(writers: int = 4, batches: int = 6, batch_size: int = 40, calls_per_qa: int = 4, shared: int = 2,
          repeat: int = 3, postgres: str = "", legacy: bool = True) -> dict[str, Any]:
-    """Rows/s of the pipeline's write pattern, read latency under `writers` writers, rows lost: per layout."""
+    """Rows/s of the pipeline's write pattern, read latency under `writers` writers, rows lost: per layout.
+
+    Args:
+        writers: Writer processes in the concurrent scenario.
+        batches: Batches (one transaction each) per writer.
+        batch_size: QA instances per batch (with their verifications, environments and distractor sets).
+        calls_per_qa: Model-cache and usage rows written per QA instance.
+        shared: Instances per batch that every writer writes (the same ids: each must be stored once).
+        repeat: Rounds; each layout takes its turn first.
+        postgres: Also measure a PostgreSQL catalog at this conninfo or URL (empty: skip).
+        legacy: Also measure the single file under duckdb 2.0.0 (--no-legacy: skip).
+    """
     from arenaforge.warehouse.legacy import legacy_duckdb_dir, legacy_env
 
     out: dict[str, Any] = {"machine_load_1m_at_start": round(os.getloadavg()[0], 2), "writers": writers,

@@ -28,7 +28,7 @@ from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import Evidence, QAInstance, Rejection, SubQA
 from arenaforge.tasks.envs.answers import entity, fmt_value, human
-from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASpec, QASynthesizer, make_instance
+from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASpec, QASynthesizer, make_instance, model_written
 from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
 from arenaforge.tasks.envs.knowledge import KnowledgeSource, Link
 from arenaforge.tasks.envs.tool_data import json_value, table_rows
@@ -182,8 +182,9 @@ class StepwiseQASynthesizer(QASynthesizer):
             return Rejection(stage="decompose_qa", subject=subject, reason="question_missing_value",
                              detail=f"the main question does not name {', '.join(missing)}",
                              payload={"main_question": question})
+        by_model = model_written(self.model)  # the offline provider's rules write the model's parts
         provenance = Provenance(backend=self.model.kind, model=self.model.name, prompt_hash=self.p_sub.hash,
-                                written_by=WRITTEN_BY)
+                                written_by={part: who if by_model else "program" for part, who in WRITTEN_BY.items()})
         try:
             qa = make_instance(source.name, question, main_answer, subs, provenance=provenance)
             check_qa(source, qa)

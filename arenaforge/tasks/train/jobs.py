@@ -166,7 +166,8 @@ RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "w
 
 
 class WarmstartParams(_Params):
-    out: str = Field(description="Folder to write warmstart.jsonl to.")
+    out: str | None = Field(default=None, description="Folder to write warmstart.jsonl to (default: the config's "
+                            "out_dir + `/warmstart`).")
     envs: EnvSelection = Field(default=EnvSelection(split="train"), description="Environments whose gold calls are "
                                "replayed (default: the train split).")
     copy_variants: int = Field(default=0, ge=0, description="Copy-forced variants per replay (fresh values, shuffled "
@@ -175,7 +176,8 @@ class WarmstartParams(_Params):
 
 
 class SftParams(_Params):
-    data: str = Field(description="SFT export: OpenAI messages+tools JSONL.")
+    data: str | None = Field(default=None, description="SFT export: OpenAI messages+tools JSONL (default: the "
+                             "config's out_dir + `/sft.jsonl`, where `arenaforge sft export` writes).")
     model_path: str | None = Field(default=None, description="Model dir or checkpoint, or a named policy "
                                    "(arena-small, the default; tiny; smollm2-135m).")
     experiment: str = Field(default="sft", description="Name; checkpoints go to the folder `OUT_DIR/EXPERIMENT`.")
@@ -497,7 +499,7 @@ async def warmstart_job(params: WarmstartParams) -> dict[str, Any]:
     with recorded_run(wh, "warmstart", params.model_dump(mode="json")) as (run, counts):
         examples, rejections = await _warmstart_examples(cfg, envs, params.copy_variants, params.seed)
         counts["rejections"] = wh.upsert([r.model_copy(update={"run_id": run.id}) for r in rejections])
-        path = write_jsonl(examples, Path(params.out) / "warmstart.jsonl")
+        path = write_jsonl(examples, Path(params.out or Path(cfg.out_dir) / "warmstart") / "warmstart.jsonl")
         counts["examples"] = len(examples)
     return {"run_id": run.id, "path": str(path), "examples": len(examples), "rejected": len(rejections)}
 
@@ -526,6 +528,9 @@ def sft_job(params: SftParams) -> dict[str, Any]:
     from arenaforge.tasks.train.sft import SftConfig, train_sft
 
     cfg = config_for(params)
+    data = params.data or str(Path(cfg.out_dir) / "sft.jsonl")
+    if not Path(data).is_file():
+        raise InputError(f"train-sft: data {data}: no such file (write it with `arenaforge sft export`, or set data)")
     wh = warehouse_for(cfg)
     out = _out_dir(cfg, params.out_dir, params.experiment)
     sft_cfg = SftConfig(out_dir=str(out), epochs=params.epochs, max_steps=params.max_steps,
@@ -533,7 +538,7 @@ def sft_job(params: SftParams) -> dict[str, Any]:
                         checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
                         seed=params.seed)
     with recorded_run(wh, "train-sft", params.model_dump(mode="json")) as (run, counts):
-        summary = train_sft(sft_cfg, local_model_path(params.model_path), params.data, wh, run.id)
+        summary = train_sft(sft_cfg, local_model_path(params.model_path), data, wh, run.id)
         counts["steps"] = summary.last_step - summary.first_step + 1
         counts["skipped_examples"] = summary.skipped
     return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,

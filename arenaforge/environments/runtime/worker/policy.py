@@ -213,6 +213,17 @@ def _private_mounts(owner: int, limits: dict, shared: list[str] | tuple = ()) ->
     return seen
 
 
+def net_isolated() -> bool:
+    """Whether this process's network namespace has no interface but loopback: a private one (`unshare_net`) or a
+    container's `network_mode: none`. Read from /proc, so it says what is, not what was asked for."""
+    try:
+        with open("/proc/self/net/dev") as fh:
+            names = {line.split(":", 1)[0].strip() for line in fh.readlines()[2:]}
+    except OSError:
+        return False
+    return names <= {"lo"}
+
+
 def probe(limits: dict) -> dict:
     """What session isolation this worker can give, tried in a throwaway child: {"namespaces", "seccomp"}."""
     read, write = os.pipe()

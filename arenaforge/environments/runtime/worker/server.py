@@ -135,7 +135,8 @@ class Server(SessionServer):
         elif op == "hello":
             self.limits.update(req.get("limits") or {})
             if self.limits["unshare_net"]:
-                self.info_extra["net_isolated"] = policy.unshare_net(self.is_root)
+                policy.unshare_net(self.is_root)
+            self.info_extra["net_isolated"] = policy.net_isolated()
             self.info_extra.update(policy.probe(self.limits))
             self.limits.update({k: self.info_extra[k] for k in ("namespaces", "seccomp")})
             self.reply({"id": rid, "ok": True, "info": self._info()})
