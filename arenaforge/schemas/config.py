@@ -168,6 +168,11 @@ class SftConfig(_Section):
     chain_max_len: int = Field(default=4, ge=1, description="Walks stop at this many tools (paper: 2-5).")
     chains_per_server: int = Field(default=4, ge=1, description="Walks sampled per server and run.")
     verify_votes: int = Field(default=3, ge=1, description="openai: judges voting on each chain (majority wins).")
+    verify_chains: Literal["model", "rules"] = Field(
+        default="model", description="model: judges vote, then the chain must survive back-translation (chain -> "
+                                     "query -> chain); rules: every required parameter must be satisfiable from the "
+                                     "task or an earlier call (the program's check; for small models, which never "
+                                     "round-trip a chain).")
     augmentations: list[str] = Field(
         default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
     )

@@ -80,6 +80,7 @@ class MergeCandidate(Record):
     KIND = "merge_candidate"
     ID_PREFIX = "mcand"
     TABLE = "merge_candidates"
+    ID_EXCLUDE = frozenset({"written_by"})  # how it was made, not what it is
 
     qa_id: str
     env_id: str = Field(description="The QA's environment before merging (as in `MergeMember`).")
@@ -95,6 +96,8 @@ class MergeCandidate(Record):
     calls: list[GoldCall] = Field(default_factory=list)
     probes: list[MergeProbe] = Field(default_factory=list)
     origin: str = "offline"
+    written_by: dict[str, Literal["model", "program"]] | None = Field(
+        default=None, description="Who wrote its document and its code (tool_docs, tool_code: model or program).")
 
 
 class DistractorPick(Frozen):

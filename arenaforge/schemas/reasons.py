@@ -46,6 +46,8 @@ class RejectReason(StrEnum):
     # RL track: QA decomposition and grounding
     HOP_BUDGET = "hop_budget"
     NO_JOIN_PATH = "no_join_path"
+    STRUCTURE_UNSUPPORTED = "structure_unsupported"  # stepwise plans single_hop, parallel_single_hop, multi_hop
+    QUESTION_MISSING_VALUE = "question_missing_value"  # a written question does not name the value it is about
     NO_EVIDENCE = "no_evidence"
     EVIDENCE_ERROR = "evidence_error"
     EVIDENCE_MISMATCH = "evidence_mismatch"

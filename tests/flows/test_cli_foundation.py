@@ -13,7 +13,8 @@ import polars as pl
 from arenaforge.schemas import FunctionDoc, Tool
 from arenaforge.warehouse import Warehouse
 
-COMMANDS = ["demo", "ingest", "graph", "sft", "envs", "sandbox", "rollout", "train", "eval", "serve", "db", "bench", "config"]
+COMMANDS = ["demo", "ingest", "graph", "sft", "envs", "sandbox", "rollout", "train", "eval", "serve", "model", "db", "bench",
+            "config"]
 
 
 def cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

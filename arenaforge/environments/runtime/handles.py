@@ -57,8 +57,12 @@ def payload(env: Environment, site: str | None = None) -> dict[str, Any]:
 
 
 def model_written(env: Environment) -> bool:
-    """Whether the environment's provenance says a model (not a person or the offline generator) wrote its code."""
+    """Whether the environment's provenance says a model (not a person or the offline generator) wrote its code.
+    A model may have written the rest (questions, tool documents) of an environment whose code the program
+    assembled (`envs synth --tool-code evidence`): its `written_by` says so."""
     prov = env.provenance
+    if prov is not None and prov.written_by and prov.written_by.get("tool_code") == "program":
+        return False
     return prov is not None and prov.backend not in MODEL_FREE_BACKENDS
 
 

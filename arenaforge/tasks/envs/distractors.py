@@ -164,7 +164,7 @@ def _pick(d: EnvDraft, score: dict[str, float], mix: DistractorMix, seed: int,
 
 def _as_distractor(tool: ToolImpl) -> ToolImpl:
     """The tool without its gold calls (it answers nothing in this environment)."""
-    return ToolImpl(tool.doc, tool.source, tool.data, tool.signature, [], [], tool.origin)
+    return ToolImpl(tool.doc, tool.source, tool.data, tool.signature, [], [], tool.origin, tool.written_by)
 
 
 def describe_bands(chosen: list[Chosen]) -> dict[str, Any]:

@@ -137,7 +137,7 @@ class MergeIndex:
                 continue
             group = self.groups.setdefault(row.group, _Group(row.group, row.signature))
             tool = ToolImpl(row.doc, row.source, row.data, row.signature, list(row.calls),
-                            [Probe(p.arguments, p.answer) for p in row.probes], row.origin)
+                            [Probe(p.arguments, p.answer) for p in row.probes], row.origin, row.written_by)
             member = _Member(key, row.qa_id, tool, MergeMember(env_id=row.env_id, qa_id=row.qa_id, tool=row.doc.name),
                              row.position)
             subset = next((s for s in group.subsets if s[0].key == row.subset), None)
@@ -355,5 +355,5 @@ async def merge_environments(grouper: ToolGrouper, pool: Any, drafts: list[EnvDr
             qa_id=m.qa_id, env_id=m.owner.env_id, group=group.key, subset=subset[0].key, position=m.position,
             served_by=index.served.get(key, 0), signature=t.signature, doc=t.doc, source=t.source, data=t.data,
             calls=list(t.calls), probes=[MergeProbe(arguments=p.arguments, answer=p.answer) for p in t.probes],
-            origin=t.origin, parents=[m.qa_id], run_id=run_id))
+            origin=t.origin, written_by=t.written_by, parents=[m.qa_id], run_id=run_id))
     return MergeResult(current, merges, rows_out, new_groups)

@@ -193,7 +193,7 @@ async def distractor_pool(run: RunScope, limit: int) -> Pool:
     candidates (a warehouse of many runs is not loaded and embedded whole)."""
     if run.distractor_pool is None:
         rows = await asyncio.to_thread(lookups.earlier_runs_candidates, run.wh, run.run_id, limit)
-        run.distractor_pool = Pool([(ToolImpl(r.doc, r.source, r.data, r.signature, [], [], r.origin), r.qa_id)
+        run.distractor_pool = Pool([(ToolImpl(r.doc, r.source, r.data, r.signature, [], [], r.origin, r.written_by), r.qa_id)
                                     for r in rows])
     return run.distractor_pool
 

@@ -83,16 +83,21 @@ def assemble(qa: QAInstance, tools: list[ToolImpl], extra: list[ToolImpl], distr
         question=qa.main_question,
         verification=verification,
         parents=[qa.id],
-        provenance=_provenance(qa, tools),
+        provenance=_provenance(qa, tools, every),
     )
 
 
-def _provenance(qa: QAInstance, tools: list[ToolImpl]) -> Provenance:
-    """The QA's model and prompt, the tools' writer as backend, the knowledge source."""
+def _provenance(qa: QAInstance, tools: list[ToolImpl], every: list[ToolImpl]) -> Provenance:
+    """The QA's model and prompt, the tools' writer as backend, the knowledge source, who wrote which part."""
     made = qa.provenance
     parts = dict(made.written_by or {}) if made else {}
-    for tool in tools:  # a part any tool's model wrote counts as the model's
-        for part, who in (tool.written_by or {}).items():
+    own = {id(t) for t in tools}
+    for tool in every:  # a part any tool's model wrote counts as the model's, distractors' code included
+        written = tool.written_by or ({"tool_code": "program"} if tool.origin in ("offline", "import") else
+                                      {"tool_code": "model"})  # a tool of an earlier run: its writer's kind
+        if id(tool) not in own:
+            written = {"tool_code": written.get("tool_code", "model")}
+        for part, who in written.items():
             parts[part] = "model" if "model" in (who, parts.get(part)) else who
     return Provenance(backend=tools[0].origin if tools else (made.backend if made else "offline"),
                       model=made.model if made else None, prompt_hash=made.prompt_hash if made else None,

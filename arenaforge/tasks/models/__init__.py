@@ -22,7 +22,7 @@ from arenaforge.tasks.models.providers.openai_compatible import OpenAICompatible
 # `model.max_tokens` (the cap) for an answer that is a few fields long, and an abandoned one holds a slot for less.
 ANSWER_TOKENS: dict[str, int] = {
     "envs.decompose": 900, "envs.verify_qa": 300, "envs.tool_doc": 400, "envs.augment_tool": 500,
-    "envs.implement_tool": 1200, "envs.merge_cluster": 800, "envs.write_subqa": 120, "envs.write_main_question": 100,
+    "envs.implement_tool": 1200, "envs.merge_cluster": 800, "envs.write_subqa": 120, "envs.write_main_question": 160,
     "sft.propose_chains": 300, "sft.verify_chain": 120, "sft.chain_to_query": 200, "sft.query_to_chain": 150,
     "sft.write_query": 250, "sft.augment_query": 250, "sft.score_query": 150, "sft.simulate_tool": 500,
     "sft.judge_trajectory": 300, "sft.agent": 400,

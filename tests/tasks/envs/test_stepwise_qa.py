@@ -56,11 +56,11 @@ def test_a_writer_that_misreads_the_row_gets_nothing_kept(sample, scripted_opena
     def misread(req):
         prompt = req["messages"][-1]["content"]
         if "main question" in prompt:
-            names = prompt.split("It must contain: ", 1)[1].split(". It must not", 1)[0]
+            names = prompt.split("starting from ", 1)[1].split(". It must", 1)[0]
             return chat_completion(content=json.dumps({"main_question": f"What about {names}?"}))
         schema = req["response_format"]["json_schema"]["schema"]["properties"]["column"]
         column = schema.get("const") or schema["enum"][0]
-        value = prompt.split('must contain the ', 1)[1].split('"')[1]
+        value = prompt.split('contains the ', 1)[1].split('"')[1]
         return chat_completion(content=json.dumps({"column": column, "question": f"What is the {column} of {value}?",
                                                    "answer": "Atlantis"}))
 
