@@ -73,3 +73,14 @@ def require_bfcl() -> None:
 
     if importlib.util.find_spec("bfcl_eval") is None:
         skip_or_fail("bfcl-eval is not installed (scripts/setup.sh: pip install --no-deps bfcl-eval==2026.3.23)")
+
+
+def require_harbor():
+    """The real Harbor CLI and Compose v2 (scripts/setup-harbor.sh installs them once per machine)."""
+    from arenaforge.schemas.errors import InputError
+    from arenaforge.tasks.envs.harbor_cli import find_harbor
+
+    try:
+        return find_harbor()
+    except InputError as err:
+        skip_or_fail(str(err))
