@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -97,8 +98,6 @@ def test_mcp_http_sessions_get_their_own_sandbox_session(exported, tmp_path: Pat
         deadline = time.monotonic() + 120
         while True:  # wait for the port to accept connections (the pool starts first)
             try:
-                import socket
-
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
