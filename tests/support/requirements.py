@@ -84,3 +84,12 @@ def require_harbor():
         return find_harbor()
     except InputError as err:
         skip_or_fail(str(err))
+
+
+def require_openenv() -> Path:
+    """The openenv venv's python (scripts/setup-openenv.sh installs PyPI openenv once per machine)."""
+    cache = Path(os.environ.get("ARENAFORGE_CACHE") or Path.home() / ".cache" / "arenaforge")
+    python = cache / "openenv" / "venv" / "bin" / "python"
+    if not python.exists():
+        skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-openenv.sh builds it)")
+    return python

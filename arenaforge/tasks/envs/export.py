@@ -28,6 +28,8 @@
     source), so Harbor's verifier and training agree. LOGS_DIR (default /logs) and CALL_LOG let the scripts
     run on a host.
 (c) JSONL: one Environment record per line.
+(d) OpenEnv (`--format openenv`, not in the default set): one OpenEnv server directory per environment
+    (`write_openenv`): tools run in-process by the sandbox worker's loader, reward = the project's F1.
 """
 
 from __future__ import annotations
@@ -259,7 +261,30 @@ def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str 
     return out
 
 
-FORMATS = ("verl", "harbor", "jsonl")
+def write_openenv(envs: Sequence[Environment], root: str | Path) -> list[Path]:
+    """One OpenEnv server directory per environment under `root`: server.py (an OpenEnv app: `python server.py
+    --port P` in a venv with openenv), the tool code run in-process by arena_runtime/ (the sandbox worker's loader),
+    reward.py (the project's F1, by source), and the task (question, tools, gold answers)."""
+    root = Path(root)
+    out = []
+    for env in envs:
+        d = root / env.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "server.py").write_text(resources.files("arenaforge.tasks.envs").joinpath("openenv")
+                                     .joinpath("server.py.tmpl").read_text())
+        (d / "reward.py").write_text(grade_source())
+        (d / "env.json").write_text(json.dumps(_tools_template(env)))
+        (d / "state.json").write_text(json.dumps(env.initial_state))
+        (d / "task.json").write_text(json.dumps({
+            "name": env.name, "id": env.id, "question": "\n\n".join(user_turns(env)), "gold_answers": env.gold_answers,
+            "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
+        _write_runtime(d / RUNTIME_PACKAGE)
+        out.append(d)
+    return out
+
+
+FORMATS = ("verl", "harbor", "jsonl")  # the default set
+ALL_FORMATS = (*FORMATS, "openenv")
 
 
 def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
@@ -273,9 +298,9 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
     import pyarrow.parquet as pq
 
-    unknown = set(formats) - set(FORMATS)
+    unknown = set(formats) - set(ALL_FORMATS)
     if unknown:
-        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(FORMATS)}")
+        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(ALL_FORMATS)}")
     if not envs:
         raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
     root = Path(root).expanduser().resolve()
@@ -293,4 +318,7 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     if "harbor" in formats and envs:
         written["harbor"] = str(root / "harbor")
         written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=base_image))
+    if "openenv" in formats and envs:
+        written["openenv"] = str(root / "openenv")
+        written["openenv_servers"] = len(write_openenv(envs, root / "openenv"))
     return written
