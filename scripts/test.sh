@@ -8,6 +8,8 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TR
 bash scripts/setup.sh
 bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
 bash scripts/setup-llm.sh   # the local model engine (llama-server, built once per machine) and SmolLM2's weights
+bash scripts/setup-harbor.sh >/dev/null  # the real Harbor CLI runs our Harbor exports (tests/tasks/envs/test_harbor_cli.py)
+bash scripts/setup-openenv.sh >/dev/null  # OpenEnv's own client drives our OpenEnv servers (tests/tasks/envs/test_openenv.py)
 if [ "$(id -u)" = 0 ]; then
   bash scripts/system-deps.sh
 fi

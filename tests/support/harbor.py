@@ -13,12 +13,13 @@ from pathlib import Path
 class ToolsService:
     """The task's tools service (environment/tools/server.py) as a local process on a free port."""
 
-    def __init__(self, tools_dir: Path) -> None:
+    def __init__(self, tools_dir: Path, call_log: Path) -> None:
         from tests.support.prefect_server import free_port
 
         self.url = f"http://127.0.0.1:{free_port()}"
+        self.call_log = call_log  # what Harbor collects from the service for the verifier
         self.proc = subprocess.Popen([sys.executable, str(tools_dir / "server.py")],
-                                     env={**os.environ, "PORT": self.url.rsplit(":", 1)[1]},
+                                     env={**os.environ, "PORT": self.url.rsplit(":", 1)[1], "CALL_LOG": str(call_log)},
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while True:

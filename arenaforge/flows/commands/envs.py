@@ -119,7 +119,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
 def export(
     ctx: typer.Context,
     out: str = typer.Option(None, "--out", "-o", help="Output directory (default: <out_dir>/envs)."),
-    fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl (repeatable)."),
+    fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl, openenv (repeatable)."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter over the environments table."),
     limit: int = typer.Option(None, help="At most this many environments."),
     image: str = typer.Option(None, help="Base image of the Harbor task containers (default python:3.11-slim; "
@@ -134,6 +134,43 @@ def export(
     root = Path(out or Path(st.config.out_dir) / "envs")
     held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
     typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))
+
+
+@app.command("serve")
+def serve(
+    ctx: typer.Context,
+    env_id: str = typer.Argument(..., help="Environment id (or a unique prefix, or its name)."),
+    transport: str = typer.Option("stdio", "--transport", "-t", help="stdio, or http (streamable HTTP at /mcp)."),
+    host: str = typer.Option("127.0.0.1", help="http: address to listen on."),
+    port: int = typer.Option(8765, help="http: port to listen on."),
+    jsonl: str = typer.Option(None, "--jsonl", help="Read the environment from an exported environments.jsonl "
+                                                    "instead of the warehouse."),
+) -> None:
+    """Serve one environment's tools over MCP: one sandbox session per MCP session; the episode's F1 as a resource."""
+    import asyncio
+
+    from arenaforge.tasks.envs.mcp_server import serve_http, serve_stdio
+
+    if transport not in ("stdio", "http"):
+        raise InputError(f"unknown transport {transport!r}; use stdio or http")
+    st = state(ctx)
+    env = _env_from_jsonl(jsonl, env_id) if jsonl else _load_env(st.warehouse(), env_id)
+    if transport == "stdio":
+        asyncio.run(serve_stdio(env, st.config.sandbox))
+    else:
+        asyncio.run(serve_http(env, st.config.sandbox, host, port))
+
+
+def _env_from_jsonl(path: str, env_id: str) -> Any:
+    from arenaforge.schemas.models import Environment
+
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such file (an `arenaforge envs export` writes environments.jsonl)")
+    found = [e for e in (Environment.model_validate_json(line) for line in Path(path).read_text().splitlines() if line)
+             if e.id == env_id or e.name == env_id or e.id.startswith(env_id)]
+    if len(found) != 1:
+        raise InputError(f"{path}: {len(found)} environments match {env_id!r}; give an id, a unique prefix or a name")
+    return found[0]
 
 
 import_app = typer.Typer(help="Import others' environments into the warehouse, each with its own native check.",

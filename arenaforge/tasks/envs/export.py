@@ -2,33 +2,40 @@
 
 (a) verl 0.9.1: train/val Parquet, environments.jsonl, agent_loops.yaml and tool_config.yaml in one
     directory (`arenaforge.tasks.verl.dataset.write_dataset_dir`); val is the warehouse's test split.
-(b) Harbor: one task directory per environment, built from a public base image (python:3.11-slim):
+(b) Harbor (task.toml schema 1.4, `harbor lint` clean): one task directory per environment, built from a public
+    base image (python:3.11-slim):
 
         instruction.md                  the question, the tools, `call-tool TOOL '<JSON>'`
-        task.toml                       metadata and time limits
-        environment/Dockerfile          the agent's container: only the `call-tool` client
+        task.toml                       metadata, time limits, the non-root agent user, the separate verifier and
+                                        the call log as an artifact of the tools service
+        environment/Dockerfile          the agent's container: only the `call-tool` client and the user `agent`
         environment/docker-compose.yaml adds the `tools` service (Harbor's docker environment)
-        environment/tools/              the tools service: tool code, initial state, server, verifier key, and
-                                        arena_runtime/ (the sandbox worker's loader: format 1 and 2 run alike)
+        environment/tools/              the tools service: tool code, initial state, server, and arena_runtime/
+                                        (the sandbox worker's loader: format 1 and 2 run alike)
         solution/solve.sh               replays the gold calls through call-tool
+        tests/Dockerfile                the verifier's own image: test.sh, grade.py, gold.json, environment.json
         tests/test.sh, grade.py         F1 over the tools service's call log -> /logs/verifier/reward.json
-        tests/gold.json, verifier_key   the gold sub-answers; the key the call log is signed with
+                                        (`reward` only; recall, precision, counts in details.json)
+        tests/gold.json                 the gold sub-answers
         tests/environment.json          the record itself (`envs import harbor` reads it back, same id)
 
-    Nothing the agent can read holds an answer (the state and tool code live in the tools service;
-    gold only in tests/, which Harbor uploads after the agent's turn), and nothing the agent can write
-    is trusted: the grader reads the call log the tools service kept, and only with a valid HMAC tag
-    under the task's key. `grade.py` scores it with the project's own reward code
-    (`arenaforge.environments.reward`, copied in by source), so Harbor's verifier and training agree.
-    TOOLS_URL (default http://tools:8000) and LOGS_DIR (default /logs) let the scripts run on a host.
+    Nothing the agent can read holds an answer (the state and tool code live in the tools service, the gold
+    only in the verifier's image), and nothing the agent can write reaches the verifier: the tools service
+    writes every call it executed to CALL_LOG in its own filesystem; after the agent's turn Harbor stops the
+    agent's container, collects that file from the tools service (`[[artifacts]] service = "tools"`) and
+    hands it to the verifier, which runs in a container of its own (`environment_mode = "separate"`).
+    `grade.py` scores it with the project's own reward code (`arenaforge.environments.reward`, copied in by
+    source), so Harbor's verifier and training agree. LOGS_DIR (default /logs) and CALL_LOG let the scripts
+    run on a host.
 (c) JSONL: one Environment record per line.
+(d) OpenEnv (`--format openenv`, not in the default set): one OpenEnv server directory per environment
+    (`write_openenv`): tools run in-process by the sandbox worker's loader, reward = the project's F1.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import secrets
 import textwrap
 from importlib import resources
 from collections.abc import Collection, Sequence
@@ -55,10 +62,11 @@ def grade_source() -> str:
     consts = (f"EPSILON = {reward_module.EPSILON!r}\n_NUMBER = re.compile({reward_module._NUMBER.pattern!r})\n"
               f"_PUNCT = re.compile({reward_module._PUNCT.pattern!r})\n_CACHED_LEN = {reward_module._CACHED_LEN!r}\n")
     head = ('"""Harbor verifier: F1 reward (copied from arenaforge/environments/reward.py) over the tools '
-            'service\'s signed call log."""\n'
+            'service\'s call log."""\n'
             "from __future__ import annotations\n\n"
-            "import functools, hashlib, hmac, json, math, os, re, unicodedata, urllib.request\n"
+            "import functools, json, math, os, re, sys, unicodedata\n"
             "from collections.abc import Iterable, Sequence\n\n")
+    consts += f"CALL_LOG = {CALL_LOG!r}\n"
     return head + consts + "\n\n" + "\n\n".join(parts) + _harbor_file("grade_main.py.tmpl")
 
 
@@ -90,6 +98,9 @@ def write_verl(envs: Sequence[Environment], out_dir: str | Path, held_out: Colle
 
 BASE_IMAGE = "python:3.11-slim"  # public; any image with python3 on PATH works (`--image`)
 TOOLS_PORT = 8000
+CALL_LOG = "/var/lib/arena-tools/calls.jsonl"  # in the tools service; Harbor collects it for the verifier
+AGENT_USER = "agent"  # Harbor runs the agent as this user (`harbor lint`: root-agent)
+TASK_SCHEMA = "1.4"  # Harbor's task.toml schema_version
 
 
 def _instruction(env: Environment) -> str:
@@ -114,31 +125,45 @@ def _dockerfile(base_image: str, body: str) -> str:
 
 _COMPOSE = f"""\
 # Harbor's docker environment merges this over its own compose file: `main` is the agent's
-# container; `tools` runs the environment's tools and keeps the call log the verifier reads.
+# container; `tools` runs the environment's tools and writes the call log the verifier reads.
+# init: a real PID 1 that passes SIGTERM on, so `docker compose stop` does not wait out its grace period.
+# Both start at once: Harbor's `up --wait` holds the agent back until `tools` is healthy.
 services:
   main:
+    init: true
+    build:
+      network: none
     environment:
       TOOLS_URL: http://tools:{TOOLS_PORT}
-    depends_on:
-      tools:
-        condition: service_healthy
   tools:
+    init: true
     build:
       context: ./tools
+      network: none
     expose:
       - "{TOOLS_PORT}"
     healthcheck:
       test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:{TOOLS_PORT}/health')"]
-      interval: 2s
+      interval: 500ms  # the first check comes one interval after the start (start_interval needs Docker 25+)
       timeout: 5s
-      retries: 30
+      retries: 60
+"""
+
+
+# The verifier's own environment (tests/): Harbor keeps its `main` alive with `sleep infinity`; init ends it at
+# once. It reads only files Harbor copies in, so it gets no network.
+_VERIFIER_COMPOSE = """\
+services:
+  main:
+    init: true
+    network_mode: none
 """
 
 
 def _task_toml(env: Environment) -> str:
     made = "\n".join(f"{k} = {json.dumps(v)}" for k, v in env.lineage().items() if k != "record_id")
     return textwrap.dedent(f'''\
-        version = "1.0"
+        schema_version = "{TASK_SCHEMA}"
 
         [metadata]
         id = "{env.id}"
@@ -149,11 +174,18 @@ def _task_toml(env: Environment) -> str:
 
         # environment/docker-compose.yaml adds the `tools` service: run with Harbor's docker environment
 
-        [verifier]
-        timeout_sec = 120.0
-
         [agent]
         timeout_sec = 600.0
+        user = "{AGENT_USER}"
+
+        [verifier]
+        timeout_sec = 120.0
+        environment_mode = "separate"  # tests/Dockerfile: the grader never runs where the agent ran
+
+        # the tools service's own record of the calls it executed, taken after the agent's container stopped
+        [[artifacts]]
+        source = "{CALL_LOG}"
+        service = "tools"
 
         [environment]
         build_timeout_sec = 600.0
@@ -191,40 +223,68 @@ def write_harbor(envs: Sequence[Environment], root: str | Path, base_image: str 
         d = root / env.name
         for sub in ("environment/tools", "solution", "tests"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        key = secrets.token_hex(32)  # per task: the tools service signs its call log with it
         (d / "instruction.md").write_text(_instruction(env))
         (d / "task.toml").write_text(_task_toml(env))
-        environment, tools = d / "environment", d / "environment" / "tools"
+        environment, tools, tests = d / "environment", d / "environment" / "tools", d / "tests"
         (environment / "Dockerfile").write_text(_dockerfile(base_image, (
-            "COPY call_tool.py /usr/local/bin/call-tool\nRUN chmod 755 /usr/local/bin/call-tool\n"
+            "COPY call_tool.py /usr/local/bin/call-tool\n"
+            f"RUN chmod 755 /usr/local/bin/call-tool && useradd --create-home {AGENT_USER} "
+            f"&& mkdir -p /app && chown {AGENT_USER} /app\n"
             f"ENV TOOLS_URL=http://tools:{TOOLS_PORT}\nWORKDIR /app\n")))
         (environment / "call_tool.py").write_text("#!/usr/bin/env python3\n" + _harbor_file("call_tool.py.tmpl"))
         (environment / "docker-compose.yaml").write_text(_COMPOSE)
         (tools / "Dockerfile").write_text(_dockerfile(base_image, (
-            "COPY server.py tools.py state.json env.json verifier_key /srv/tools/\n"
+            "COPY server.py tools.py state.json env.json /srv/tools/\n"
             f"COPY {RUNTIME_PACKAGE} /srv/tools/{RUNTIME_PACKAGE}\n"
-            f"ENV PORT={TOOLS_PORT}\nEXPOSE {TOOLS_PORT}\nCMD [\"python3\", \"/srv/tools/server.py\"]\n")))
+            f"ENV PORT={TOOLS_PORT} CALL_LOG={CALL_LOG}\nEXPOSE {TOOLS_PORT}\n"
+            "CMD [\"python3\", \"/srv/tools/server.py\"]\n")))
         (tools / "server.py").write_text(_harbor_file("tools_server.py.tmpl"))
         (tools / "tools.py").write_text(env.code)
         (tools / "state.json").write_text(json.dumps(env.initial_state))
         (tools / "env.json").write_text(json.dumps(_tools_template(env)))
         _write_runtime(tools / RUNTIME_PACKAGE)
-        (tools / "verifier_key").write_text(key + "\n")
         solve = ["#!/bin/sh", "# Replays the gold calls.", "set -e"]
         solve += [f"call-tool {c.tool} {_shell_quote(json.dumps(c.arguments))}" for c in env.calls]
         (d / "solution" / "solve.sh").write_text("\n".join(solve) + "\n")
-        (d / "tests" / "test.sh").write_text('#!/bin/sh\nset -e\npython3 "$(dirname "$0")/grade.py"\n')
-        (d / "tests" / "grade.py").write_text(grade_source())
-        (d / "tests" / "gold.json").write_text(json.dumps(env.gold_answers))
-        (d / "tests" / "verifier_key").write_text(key + "\n")
-        (d / "tests" / "environment.json").write_text(env.model_dump_json())  # `envs import harbor` reads it back
-        for script in (d / "solution" / "solve.sh", d / "tests" / "test.sh", environment / "call_tool.py"):
+        # the verifier's image holds the grader and the gold (Harbor runs /tests/test.sh in it: tests bundled)
+        (tests / "Dockerfile").write_text(_dockerfile(base_image, (
+            "COPY test.sh grade.py gold.json environment.json /tests/\n")))
+        (tests / "docker-compose.yaml").write_text(_VERIFIER_COMPOSE)
+        # -I: isolated (no script dir, cwd, user site or PYTHON* variables on the path): only grade.py's own code
+        (tests / "test.sh").write_text('#!/bin/sh\nset -e\npython3 -I "$(dirname "$0")/grade.py"\n')
+        (tests / "grade.py").write_text(grade_source())
+        (tests / "gold.json").write_text(json.dumps(env.gold_answers))
+        (tests / "environment.json").write_text(env.model_dump_json())  # `envs import harbor` reads it back
+        for script in (d / "solution" / "solve.sh", tests / "test.sh", environment / "call_tool.py"):
             script.chmod(0o755)
         out.append(d)
     return out
 
 
-FORMATS = ("verl", "harbor", "jsonl")
+def write_openenv(envs: Sequence[Environment], root: str | Path) -> list[Path]:
+    """One OpenEnv server directory per environment under `root`: server.py (an OpenEnv app: `python server.py
+    --port P` in a venv with openenv), the tool code run in-process by arena_runtime/ (the sandbox worker's loader),
+    reward.py (the project's F1, by source), and the task (question, tools, gold answers)."""
+    root = Path(root)
+    out = []
+    for env in envs:
+        d = root / env.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "server.py").write_text(resources.files("arenaforge.tasks.envs").joinpath("openenv")
+                                     .joinpath("server.py.tmpl").read_text())
+        (d / "reward.py").write_text(grade_source())
+        (d / "env.json").write_text(json.dumps(_tools_template(env)))
+        (d / "state.json").write_text(json.dumps(env.initial_state))
+        (d / "task.json").write_text(json.dumps({
+            "name": env.name, "id": env.id, "question": "\n\n".join(user_turns(env)), "gold_answers": env.gold_answers,
+            "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
+        _write_runtime(d / RUNTIME_PACKAGE)
+        out.append(d)
+    return out
+
+
+FORMATS = ("verl", "harbor", "jsonl")  # the default set
+ALL_FORMATS = (*FORMATS, "openenv")
 
 
 def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
@@ -238,9 +298,9 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
     import pyarrow.parquet as pq
 
-    unknown = set(formats) - set(FORMATS)
+    unknown = set(formats) - set(ALL_FORMATS)
     if unknown:
-        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(FORMATS)}")
+        raise InputError(f"unknown export formats {sorted(unknown)}; use {', '.join(ALL_FORMATS)}")
     if not envs:
         raise InputError("no verified environments to export (run `arenaforge envs synth` first)")
     root = Path(root).expanduser().resolve()
@@ -258,4 +318,7 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     if "harbor" in formats and envs:
         written["harbor"] = str(root / "harbor")
         written["harbor_tasks"] = len(write_harbor(envs, root / "harbor", base_image=base_image))
+    if "openenv" in formats and envs:
+        written["openenv"] = str(root / "openenv")
+        written["openenv_servers"] = len(write_openenv(envs, root / "openenv"))
     return written

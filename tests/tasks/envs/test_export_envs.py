@@ -4,11 +4,8 @@ tools service's signed call log (forgeries score 0), JSON-lines."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -99,8 +96,8 @@ def test_jsonl_round_trips(envs, tmp_path: Path) -> None:
     assert [e.id for e in back] == [e.id for e in envs]
 
 
-def _sh(script: Path, tools_url: str, logs: Path, bin_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOOLS_URL": tools_url, "LOGS_DIR": str(logs),
+def _sh(script: Path, tools_url: str, logs: Path, bin_dir: Path, call_log: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOOLS_URL": tools_url, "LOGS_DIR": str(logs), "CALL_LOG": str(call_log),
            "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
     return subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=120)
 
@@ -109,13 +106,17 @@ def _reward(logs: Path) -> dict:
     return json.loads((logs / "verifier" / "reward.json").read_text())
 
 
+def _details(logs: Path) -> dict:
+    return json.loads((logs / "verifier" / "details.json").read_text())
+
+
 @pytest.fixture
 def harbor_task(envs, tmp_path: Path):
     (d,) = write_harbor(envs[:1], tmp_path / "harbor")
     bin_dir = tmp_path / "bin"  # what the task's Dockerfile installs: call-tool on PATH
     bin_dir.mkdir()
     (bin_dir / "call-tool").symlink_to(d / "environment" / "call_tool.py")
-    service = ToolsService(d / "environment" / "tools")
+    service = ToolsService(d / "environment" / "tools", tmp_path / "tools-fs" / "calls.jsonl")
     try:
         yield d, envs[0], service, bin_dir
     finally:
@@ -123,69 +124,60 @@ def harbor_task(envs, tmp_path: Path):
 
 
 def test_harbor_task_solves_and_grades_from_the_tools_service(harbor_task, tmp_path: Path) -> None:
-    d, env, service, bin_dir = harbor_task
-    for rel in ("instruction.md", "task.toml", "environment/Dockerfile", "environment/docker-compose.yaml",
-                "environment/tools/Dockerfile", "solution/solve.sh", "tests/test.sh", "tests/gold.json"):
-        assert (d / rel).is_file(), rel
-    assert (d / "environment" / "Dockerfile").read_text().startswith("ARG BASE_IMAGE=python:3.11-slim\nFROM ")
     import tomllib
 
-    assert tomllib.loads((d / "task.toml").read_text())["metadata"]["id"] == env.id
-    logs = tmp_path / "logs"
-    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
-    assert _reward(logs)["reward"] == 0.0 and _reward(logs)["authenticated"] == 1  # no calls yet
-    solved = _sh(d / "solution" / "solve.sh", service.url, logs, bin_dir)
+    d, env, service, bin_dir = harbor_task
+    for rel in ("instruction.md", "task.toml", "environment/Dockerfile", "environment/docker-compose.yaml",
+                "environment/tools/Dockerfile", "solution/solve.sh", "tests/Dockerfile", "tests/test.sh",
+                "tests/gold.json"):
+        assert (d / rel).is_file(), rel
+    assert (d / "environment" / "Dockerfile").read_text().startswith("ARG BASE_IMAGE=python:3.11-slim\nFROM ")
+    task = tomllib.loads((d / "task.toml").read_text())
+    assert task["schema_version"] == "1.4" and task["metadata"]["id"] == env.id
+    assert task["agent"]["user"] == "agent" and task["verifier"]["environment_mode"] == "separate"
+    assert task["artifacts"] == [{"source": "/var/lib/arena-tools/calls.jsonl", "service": "tools"}]
+    logs, log = tmp_path / "logs", service.call_log
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir, log).returncode == 0
+    assert _reward(logs) == {"reward": 0.0} and _details(logs)["calls"] == 0  # no calls yet
+    solved = _sh(d / "solution" / "solve.sh", service.url, logs, bin_dir, log)
     assert solved.returncode == 0, solved.stderr
-    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
-    reward = _reward(logs)
-    assert reward["reward"] == 1.0 and reward["subtasks"] == len(env.gold_answers) and reward["calls"] == len(env.calls)
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir, log).returncode == 0
+    details = _details(logs)
+    assert _reward(logs) == {"reward": 1.0}  # one reward: Harbor reads every key of reward.json as one
+    assert details["subtasks"] == len(env.gold_answers) and details["calls"] == len(env.calls)
     # a distractor call costs precision
     extra = subprocess.run([str(bin_dir / "call-tool"), env.distractors[0], "{}"], env={**os.environ,
                            "TOOLS_URL": service.url}, capture_output=True, text=True, timeout=60)
     assert extra.stdout.strip()
-    _sh(d / "tests" / "test.sh", service.url, logs, bin_dir)
-    assert 0 < _reward(logs)["reward"] < 1.0
+    _sh(d / "tests" / "test.sh", service.url, logs, bin_dir, log)
+    assert 0 < _reward(logs)["reward"] < 1.0 and _details(logs)["calls"] == len(env.calls) + 1
 
 
-def test_harbor_verifier_ignores_a_forged_call_log(harbor_task, tmp_path: Path) -> None:
-    """What the agent can write: a call log in /logs/agent, a fake tools service. Both score 0."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
+def test_harbor_verifier_reads_only_the_tools_service_log(harbor_task, tmp_path: Path) -> None:
+    """What the agent can write (a call log under /logs, a reward file) does not count; a missing service log is
+    an error (exit 1, no reward file), never a score."""
     d, env, service, bin_dir = harbor_task
     logs = tmp_path / "logs"
-    forged = [{"tool": c.tool, "arguments": json.dumps(c.arguments), "ok": True, "observation": c.answer}
-              for c in env.calls]
-    (logs / "agent").mkdir(parents=True)
-    (logs / "agent" / "calls.jsonl").write_text("".join(json.dumps(c) + "\n" for c in forged))
-    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir).returncode == 0
-    assert _reward(logs)["reward"] == 0.0 and _reward(logs)["calls"] == 0  # the file is not the log
+    forged = "".join(json.dumps({"tool": c.tool, "arguments": json.dumps(c.arguments), "ok": True,
+                                 "observation": c.answer}) + "\n" for c in env.calls)
+    for where in (logs / "agent" / "calls.jsonl", logs / "artifacts" / "var/lib/arena-tools/calls.jsonl"):
+        where.parent.mkdir(parents=True, exist_ok=True)
+        where.write_text(forged)
+    (logs / "verifier").mkdir(parents=True)
+    (logs / "verifier" / "reward.json").write_text('{"reward": 1.0}')
+    assert _sh(d / "tests" / "test.sh", service.url, logs, bin_dir, service.call_log).returncode == 0
+    assert _reward(logs) == {"reward": 0.0} and _details(logs)["calls"] == 0
 
-    body = json.dumps(forged, sort_keys=True)
-
-    class Fake(BaseHTTPRequestHandler):  # the agent's own "tools" service, signing with a key it made up
-        def do_GET(self):
-            out = json.dumps({"calls_json": body, "mac": hmac.new(b"guess", body.encode(), hashlib.sha256).hexdigest()})
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(out.encode())
-
-        def log_message(self, *args):
-            pass
-
-    fake = ThreadingHTTPServer(("127.0.0.1", 0), Fake)
-    threading.Thread(target=fake.serve_forever, daemon=True).start()
-    try:
-        graded = _sh(d / "tests" / "test.sh", f"http://127.0.0.1:{fake.server_port}", logs, bin_dir)
-    finally:
-        fake.shutdown()
-    assert "failed authentication" in graded.stdout
-    assert _reward(logs) == {**_reward(logs), "reward": 0.0, "authenticated": 0, "calls": 0}
+    (logs / "verifier" / "reward.json").unlink()
+    missing = _sh(d / "tests" / "test.sh", service.url, logs, bin_dir, tmp_path / "nowhere" / "calls.jsonl")
+    assert missing.returncode == 1 and "no call log from the tools service" in missing.stderr
+    assert not (logs / "verifier" / "reward.json").exists()
 
 
-def test_harbor_agent_container_holds_no_answers_and_forgery_scores_zero(envs, tmp_path: Path) -> None:
-    """The task's two images, built and run with Docker: the agent's container has only call-tool
-    (no tool code, state or gold); its forged log scores 0, the gold calls through the tools service 1."""
+def test_harbor_images_hold_no_answers_for_the_agent_and_the_service_stops_on_sigterm(envs, tmp_path: Path) -> None:
+    """The task's three images, built with Docker: the agent's container has only call-tool (no tool code, state or
+    gold) and a non-root `agent` user; the verifier's image holds the grader and gold; the tools service, PID 1 in
+    its container, exits 0 on `docker stop` (SIGTERM handled: no SIGKILL after the grace period)."""
     require_docker()
     import docker
 
@@ -196,60 +188,37 @@ def test_harbor_agent_container_holds_no_answers_and_forgery_scores_zero(envs, t
     cfg = sandbox_cfg()
     build_image(client, cfg.image)
     base = f"{cfg.image}-base:{rootfs_hash()}"  # offline stand-in for python:3.11-slim (no registry here)
-    (d,) = write_harbor(envs[:1], tmp_path / "harbor")
-    env = envs[0]
+    (d,) = write_harbor(envs[:1], tmp_path / "harbor", base_image=base)
     tag = f"arenaforge-harbor-test-{os.getpid()}"
     made: list = []
     try:
-        for name, context in (("main", d / "environment"), ("tools", d / "environment" / "tools")):
-            client.images.build(path=str(context), tag=f"{tag}-{name}", buildargs={"BASE_IMAGE": base}, rm=True)
+        for name, context in (("main", d / "environment"), ("tools", d / "environment" / "tools"),
+                              ("verifier", d / "tests")):
+            client.images.build(path=str(context), tag=f"{tag}-{name}", rm=True, network_mode="none")
         tools = client.containers.run(f"{tag}-tools", detach=True, network_mode="none")
         made.append(tools)
-        main = client.containers.run(f"{tag}-main", ["sleep", "3600"], detach=True,
-                                     network_mode=f"container:{tools.id}",
-                                     environment={"TOOLS_URL": "http://127.0.0.1:8000"})
+        main = client.containers.run(f"{tag}-main", ["sleep", "3600"], detach=True, network_mode="none", user="agent")
         made.append(main)
-
-        def run(cmd: str) -> tuple[int, str]:
-            code, out = main.exec_run(["sh", "-c", cmd])
-            return code, out.decode()
+        _, found = main.exec_run(["sh", "-c", "id -u; find / -xdev \\( -name tools.py -o -name state.json -o "
+                                     "-name gold.json -o -name grade.py -o -name env.json -o -name calls.jsonl \\) "
+                                     "2>/dev/null; command -v call-tool"])
+        uid, *paths = found.decode().split()
+        assert uid != "0" and paths == ["/usr/local/bin/call-tool"], f"the agent's container holds {paths}"
+        listed = client.containers.run(f"{tag}-verifier", ["ls", "/tests"], remove=True, network_mode="none")
+        assert listed.decode().split() == ["environment.json", "gold.json", "grade.py", "test.sh"]
 
         deadline = time.monotonic() + 60
-        while run("python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health')\"")[0]:
+        while tools.exec_run(["test", "-f", "/var/lib/arena-tools/calls.jsonl"]).exit_code:
             assert time.monotonic() < deadline, tools.logs().decode()
-            time.sleep(0.2)  # polling the service's health with a deadline
-        code, found = run("find / -xdev \\( -name tools.py -o -name state.json -o -name gold.json "
-                          "-o -name verifier_key -o -name env.json \\) 2>/dev/null; command -v call-tool")
-        assert found.split() == ["/usr/local/bin/call-tool"], f"the agent's container holds {found}"
-        # the agent forges its call log, then Harbor uploads tests/ and runs the verifier
-        forged = "".join(json.dumps({"tool": c.tool, "observation": c.answer, "ok": True}) + "\n" for c in env.calls)
-        run(f"mkdir -p /logs/agent && printf %s {shlex.quote(forged)} > /logs/agent/calls.jsonl")
-        _put(main, d / "tests", "/tests")
-        code, out = run("sh /tests/test.sh")
-        assert code == 0 and json.loads(out.strip().splitlines()[-1])["reward"] == 0.0, out
-        # the oracle: the gold calls, through call-tool and the tools service
-        _put(main, d / "solution", "/solution")
-        code, out = run("sh /solution/solve.sh")
-        assert code == 0, out
-        code, out = run("sh /tests/test.sh && cat /logs/verifier/reward.json")
-        reward = json.loads(out.strip().splitlines()[-1])
-        assert reward["reward"] == 1.0 and reward["authenticated"] == 1, out
+            time.sleep(0.1)  # polling a condition (the service has started) with a deadline
+        tools.stop(timeout=60)  # SIGTERM, then SIGKILL only after 60 s
+        tools.reload()
+        assert tools.attrs["State"]["ExitCode"] == 0, tools.attrs["State"]  # 137 would be the SIGKILL
     finally:
         for container in made:
             container.remove(force=True)
-        for name in ("main", "tools"):
+        for name in ("main", "tools", "verifier"):
             client.images.remove(f"{tag}-{name}", force=True)
-
-
-def _put(container, folder: Path, target: str) -> None:
-    """`docker cp folder container:target` (what Harbor does with tests/ and solution/)."""
-    import io
-    import tarfile
-
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        tar.add(folder, arcname=target.lstrip("/"))
-    container.put_archive("/", data.getvalue())
 
 
 def test_grade_uses_the_project_reward_source() -> None:

@@ -19,6 +19,7 @@ from arenaforge.environments.containers import TaskContainers
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
+from arenaforge.environments.reward import f1_reward
 from arenaforge.tasks.envs.export import write_harbor, write_verl
 from arenaforge.tasks.envs.import_harbor import import_tasks
 from arenaforge.warehouse import Warehouse
@@ -61,23 +62,24 @@ def test_harbor_tools_service_runs_format_2_as_the_sandbox_does(bfcl_envs, tmp_p
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "call-tool").symlink_to(d / "environment" / "call_tool.py")
-    service = ToolsService(d / "environment" / "tools")
+    service = ToolsService(d / "environment" / "tools", tmp_path / "tools-fs" / "calls.jsonl")
     try:
-        run = {**os.environ, "TOOLS_URL": service.url, "LOGS_DIR": str(tmp_path / "logs"),
+        run = {**os.environ, "TOOLS_URL": service.url, "LOGS_DIR": str(tmp_path / "logs"), "CALL_LOG": str(service.call_log),
                "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
         solved = subprocess.run(["sh", str(d / "solution" / "solve.sh")], env=run, capture_output=True, text=True,
                                 timeout=300)
         assert solved.returncode == 0, solved.stderr
         graded = subprocess.run(["sh", str(d / "tests" / "test.sh")], env=run, capture_output=True, text=True, timeout=300)
-        assert graded.returncode == 0 and json.loads(graded.stdout.strip().splitlines()[-1])["authenticated"] == 1
-        import urllib.request
-
-        with urllib.request.urlopen(service.url + "/log", timeout=60) as response:
-            log = json.loads(json.loads(response.read())["calls_json"])
+        assert graded.returncode == 0, graded.stderr
+        log = [json.loads(line) for line in service.call_log.read_text().splitlines()]
     finally:
         service.stop()
-    assert [c["observation"] for c in log] == sandbox_texts(env)  # before the fix: every call an AttributeError
+    texts = sandbox_texts(env)
+    assert [c["observation"] for c in log] == texts  # before the fix: every call an AttributeError
     assert len(log) == len(env.calls) and all(c["ok"] for c in log)
+    # Harbor's verifier gives the reward our F1 gives the same observations (BFCL's gold replay is not always 1)
+    reward = json.loads((tmp_path / "logs" / "verifier" / "reward.json").read_text())
+    assert reward == {"reward": f1_reward(env.gold_answers, texts, len(texts)).f1}
 
 
 def test_verl_rows_offer_only_the_first_turn_s_tools(bfcl_envs, tmp_path: Path) -> None:
