@@ -126,7 +126,7 @@ def sft_data(tmp_path_factory: Any) -> Path:
 
 
 def _fill_train_sft(page: Any, data: Path, experiment: str, epochs: str) -> None:
-    _field(page, "Data").fill(str(data))
+    _field(page, "Data (Optional)", union="str").fill(str(data))
     _field(page, "Experiment (Optional)").fill(experiment)
     _field(page, "Out Dir (Optional)", union="str").fill(str(data.parent / "out"))
     _field(page, "Epochs (Optional)").fill(epochs)
