@@ -35,7 +35,15 @@ def _summary(outcomes: list[harbor_cli.TrialOutcome], expected: float) -> dict[s
 
 def main(tasks: str, agents: str = "oracle,nop,AllForgeries", n_concurrent: int = 2, limit: int = 0,
          jobs_dir: str = "") -> dict[str, Any]:
-    """Lint, then oracle / nop / forgers through `harbor run` on the task folder TASKS."""
+    """Lint, then oracle / nop / forgers through `harbor run` on the task folder TASKS.
+
+    Args:
+        tasks: Folder of Harbor task directories (`arenaforge envs export --format harbor`).
+        agents: Comma-separated agents: oracle, nop and the forgers (e.g. AllForgeries).
+        n_concurrent: Trials Harbor runs at once.
+        limit: At most this many tasks (0: all).
+        jobs_dir: Where Harbor writes its jobs (default: a temporary folder).
+    """
     root = Path(tasks).expanduser().resolve()
     dirs = sorted(d for d in root.iterdir() if (d / "task.toml").is_file()) if root.is_dir() else []
     if not dirs:
