@@ -9,6 +9,7 @@ bash scripts/setup.sh
 bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
 bash scripts/setup-harbor.sh >/dev/null  # the real Harbor CLI runs our Harbor exports (tests/tasks/envs/test_harbor_cli.py)
 bash scripts/setup-openenv.sh >/dev/null  # OpenEnv's own client drives our OpenEnv servers (tests/tasks/envs/test_openenv.py)
+bash scripts/setup-verifiers.sh >/dev/null  # verifiers' own vf-eval scores our verifiers export (tests/tasks/envs/test_verifiers.py)
 if [ "$(id -u)" = 0 ]; then
   bash scripts/system-deps.sh
 fi
