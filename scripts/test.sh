@@ -10,6 +10,7 @@ bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/ta
 bash scripts/setup-llm.sh   # the local model engine (llama-server, built once per machine) and SmolLM2's weights
 bash scripts/setup-harbor.sh >/dev/null  # the real Harbor CLI runs our Harbor exports (tests/tasks/envs/test_harbor_cli.py)
 bash scripts/setup-openenv.sh >/dev/null  # OpenEnv's own client drives our OpenEnv servers (tests/tasks/envs/test_openenv.py)
+bash scripts/setup-verifiers.sh >/dev/null  # verifiers' own vf-eval scores our verifiers export (tests/tasks/envs/test_verifiers.py)
 if [ "$(id -u)" = 0 ]; then
   bash scripts/system-deps.sh
 fi

@@ -102,3 +102,12 @@ def require_openenv() -> Path:
     if not python.exists():
         skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-openenv.sh builds it)")
     return python
+
+
+def require_verifiers() -> Path:
+    """The verifiers venv's python (scripts/setup-verifiers.sh installs PyPI verifiers once per machine)."""
+    cache = Path(os.environ.get("ARENAFORGE_CACHE") or Path.home() / ".cache" / "arenaforge")
+    python = cache / "verifiers" / "venv" / "bin" / "python"
+    if not python.exists():
+        skip_or_fail(f"{python.parent.parent} is absent (bash scripts/setup-verifiers.sh builds it)")
+    return python

@@ -119,7 +119,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
 def export(
     ctx: typer.Context,
     out: str = typer.Option(None, "--out", "-o", help="Output directory (default: <out_dir>/envs)."),
-    fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl, openenv (repeatable)."),
+    fmt: list[str] = typer.Option(["verl", "harbor", "jsonl"], "--format", "-f", help="verl, harbor, jsonl, openenv, verifiers (repeatable)."),
     where: str = typer.Option("", "--where", "-w", help="SQL filter over the environments table."),
     limit: int = typer.Option(None, help="At most this many environments."),
     image: str = typer.Option(None, help="Base image of the Harbor task containers (default python:3.11-slim; "

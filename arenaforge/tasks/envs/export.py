@@ -30,6 +30,10 @@
 (c) JSONL: one Environment record per line.
 (d) OpenEnv (`--format openenv`, not in the default set): one OpenEnv server directory per environment
     (`write_openenv`): tools run in-process by the sandbox worker's loader, reward = the project's F1.
+(e) verifiers (`--format verifiers`, not in the default set): one pip-installable verifiers 0.4 (`verifiers.v1`)
+    environment package over all the environments (`write_verifiers`): a taskset with one task per environment,
+    a tool server per rollout running the tools in-process with the sandbox worker's loader, reward = the project's
+    F1 (by source); `arenaforge_envs.load_environment()` or `vf-eval arenaforge-envs`.
 """
 
 from __future__ import annotations
@@ -283,8 +287,54 @@ def write_openenv(envs: Sequence[Environment], root: str | Path) -> list[Path]:
     return out
 
 
+VERIFIERS_PACKAGE = "arenaforge_envs"  # the module; the distribution and taskset id are "arenaforge-envs"
+VERIFIERS_PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "arenaforge-envs"
+version = "0.1.0"
+description = "Arenaforge environments as a verifiers environment (tools in-process, reward = Arenaforge's F1)"
+requires-python = ">=3.10"
+dependencies = ["verifiers>=0.4.0,<0.5"]
+
+[tool.setuptools]
+packages = ["arenaforge_envs", "arenaforge_envs.arena_runtime"]
+
+[tool.setuptools.package-data]
+arenaforge_envs = ["envs/*.json", "envs/*/*.json"]
+"""
+
+
+def write_verifiers(envs: Sequence[Environment], root: str | Path) -> Path:
+    """One verifiers environment package under `root` (pyproject.toml + arenaforge_envs/): `pip install ROOT`, then
+    `arenaforge_envs.load_environment()` or `vf-eval arenaforge-envs`. Per environment, envs/<name>/ holds what the
+    tool server loads (env.json, state.json) and the task (question, tools as OpenAI function documents, gold)."""
+    root = Path(root)
+    pkg = root / VERIFIERS_PACKAGE
+    (pkg / "envs").mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text(VERIFIERS_PYPROJECT)
+    templates = resources.files("arenaforge.tasks.envs").joinpath("verifiers")
+    for target, name in (("__init__.py", "init.py.tmpl"), ("taskset.py", "taskset.py.tmpl"),
+                         ("toolset.py", "toolset.py.tmpl")):
+        (pkg / target).write_text(templates.joinpath(name).read_text())
+    (pkg / "reward.py").write_text(grade_source())
+    _write_runtime(pkg / RUNTIME_PACKAGE)
+    for env in envs:
+        d = pkg / "envs" / env.name
+        d.mkdir(exist_ok=True)
+        (d / "env.json").write_text(json.dumps(_tools_template(env)))
+        (d / "state.json").write_text(json.dumps(env.initial_state))
+        (d / "task.json").write_text(json.dumps({
+            "name": env.name, "id": env.id, "question": "\n\n".join(user_turns(env)), "gold_answers": env.gold_answers,
+            "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
+    (pkg / "envs" / "index.json").write_text(json.dumps([env.name for env in envs]))
+    return root
+
+
 FORMATS = ("verl", "harbor", "jsonl")  # the default set
-ALL_FORMATS = (*FORMATS, "openenv")
+ALL_FORMATS = (*FORMATS, "openenv", "verifiers")
 
 
 def verified_environments(wh: Warehouse, where: str = "", limit: int | None = None) -> list[Environment]:
@@ -321,4 +371,7 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     if "openenv" in formats and envs:
         written["openenv"] = str(root / "openenv")
         written["openenv_servers"] = len(write_openenv(envs, root / "openenv"))
+    if "verifiers" in formats and envs:
+        written["verifiers"] = str(write_verifiers(envs, root / "verifiers"))
+        written["verifiers_environments"] = len(envs)
     return written
