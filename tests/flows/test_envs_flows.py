@@ -76,9 +76,10 @@ def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monk
     bin_dir = tmp_path / "bin"  # what the task's image installs
     bin_dir.mkdir()
     (bin_dir / "call-tool").symlink_to(task / "environment" / "call_tool.py")
-    service = ToolsService(task / "environment" / "tools")
-    try:
+    service = ToolsService(task / "environment" / "tools", tmp_path / "tools-fs" / "calls.jsonl")
+    try:  # the verifier reads the tools service's call log (what Harbor collects from it)
         run_env = {**os.environ, "TOOLS_URL": service.url, "LOGS_DIR": str(tmp_path / "logs"),
+                   "CALL_LOG": str(service.call_log),
                    "PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
         for script in ("solution/solve.sh", "tests/test.sh"):
             subprocess.run(["sh", str(task / script)], env=run_env, check=True, capture_output=True, timeout=60)
