@@ -178,8 +178,7 @@ def minimal_instance(schema: dict[str, Any], prompt: str) -> Any:
         return schema.get("maximum", 1)
     if kind == "boolean":
         return True
-    named = re.findall(r'must contain (?:the [\w ]+ )?"?([A-Z]{2}\d+)"?', prompt) or re.findall(
-        r"must contain: ([^.\n]+)", prompt)
+    named = re.findall(r'contains the [\w ]+ "([^"]+)"', prompt) or re.findall(r"starting from ([^.\n]+)\.", prompt)
     text = ("yes " + " ".join(named)).strip()
     return (text + " " + "yes" * schema.get("minLength", 0))[:schema.get("maxLength", 10_000)]
 
