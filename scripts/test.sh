@@ -21,4 +21,4 @@ if .venv/bin/python -c "import docker; docker.from_env(timeout=5).ping()" 2>/dev
   .venv/bin/arenaforge sandbox build-image
 fi
 mkdir -p out
-.venv/bin/python -m pytest -q -rs --junitxml=out/junit.xml "$@"
+.venv/bin/python -m pytest -q -rs --durations=25 --junitxml=out/junit.xml "$@"

@@ -71,6 +71,8 @@ class ModelConfig(_Section):
         default="auto", description="How tools are called: auto uses the endpoint's native tool calls and moves to the "
                                     "prompt (tools described in the prompt, each turn a JSON object) when the endpoint "
                                     "refuses them; prompt is for servers that ignore tools (transformers serve).")
+    calls_per_turn: int = Field(default=8, ge=1, le=64, description="Prompted tool calling: the most calls one turn "
+                                                                   "may make (1 for small models, which repeat a call).")
     concurrency_initial: int = Field(default=16, ge=1, description="Requests in flight at the start (AIMD slow start).")
     concurrency_max: int = Field(default=128, ge=1, description="Most requests in flight to the endpoint.")
     temperature: float = Field(default=0.7, ge=0, description="Sampling temperature where a step does not set one.")
@@ -173,6 +175,10 @@ class SftConfig(_Section):
                                      "query -> chain); rules: every required parameter must be satisfiable from the "
                                      "task or an earlier call (the program's check; for small models, which never "
                                      "round-trip a chain).")
+    query_values: Literal["model", "program"] = Field(
+        default="model", description="model: the model picks the values a task states; program: the program draws "
+                                     "them from the tools' parameter schemas and the task's schema makes the model "
+                                     "name each one (for small models, which otherwise write no values).")
     augmentations: list[str] = Field(
         default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
     )
@@ -184,6 +190,11 @@ class SftConfig(_Section):
     max_turns: int = Field(default=12, ge=1, description="Agent turns per trajectory.")
     max_retries_per_call: int = Field(default=2, ge=0, description="Offline agent: retries after a failed call.")
     keep_threshold: float = Field(default=0.7, ge=0, le=1, description="Mean judge score a trajectory needs for SFT.")
+    judge: Literal["model", "rules"] = Field(
+        default="model", description="Who scores tasks and judges trajectories. model: the run's model; rules: the "
+                                     "program's rules (the offline provider's scorer and judge, which read the task "
+                                     "and the conversation), for models too small to score (SmolLM2-135M's scores "
+                                     "are noise: 2023, -1, or the prompt's example copied).")
 
 
 class TrainConfig(_Section):

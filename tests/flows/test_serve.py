@@ -178,9 +178,9 @@ def test_schedule_parameters_the_form_does_not_have_are_refused_in_one_line(serv
 @pytest.mark.slow
 def test_the_docs_schedule_examples_complete_runs_with_parameters_given_absent_and_empty(served: Any) -> None:
     """docs/UI.md's examples as they are, on the real `sft` and `envs` flows, the server's scheduler and the worker;
-    only their timing is made 3 seconds (and switched on). `envs` as written has no `parameters`; the same with
-    `parameters = {}`. Each deployment's first run is kept, its schedule paused and the runs queued after it deleted,
-    so the test runs each flow once."""
+    only their timing is made 30 seconds (and switched on). `envs` as written has no `parameters`; the same with
+    `parameters = {}`. Each deployment's schedule is paused once the worker has picked up its first run (pausing
+    deletes the runs still scheduled, which would include a first run not yet picked up), so each flow runs once."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
@@ -189,7 +189,8 @@ def test_the_docs_schedule_examples_complete_runs_with_parameters_given_absent_a
 
     docs = _docs_schedules()
     assert "parameters" in docs["sft"] and "parameters" not in docs["envs"], docs  # given / absent, as the test says
-    now = {"interval_s": 3}
+    # 30 s apart: the worker (prefetching 10 s ahead) picks up one run per deployment before the test pauses it
+    now = {"interval_s": 30}
     cases = {  # deployment -> (registry entry, schedule, the parameters its runs must carry)
         "docs-sft": ("sft", {**_timing_replaced(docs["sft"]), **now}, docs["sft"]["parameters"]),
         "docs-envs": ("envs", {**_timing_replaced(docs["envs"]), **now}, {}),
@@ -205,8 +206,10 @@ def test_the_docs_schedule_examples_complete_runs_with_parameters_given_absent_a
                                   working_dir=served.project_dir())
                 applied[name] = client.read_deployment_by_name(f"{flow}/{name}")
             for name, deployment in applied.items():
-                scheduled = _wait_runs(client, deployment.id, lambda r: r.auto_scheduled, f"{name}: scheduled run")
-                first = min(scheduled, key=lambda r: r.expected_start_time)  # the scheduler makes runs ahead
+                picked = _wait_runs(client, deployment.id,
+                                    lambda r: r.auto_scheduled and r.state and r.state.type != StateType.SCHEDULED,
+                                    f"{name}: scheduled run picked up by the worker")
+                first = min(picked, key=lambda r: r.expected_start_time)
                 (sched,) = client.read_deployment_schedules(deployment.id)
                 client.update_deployment_schedule(deployment.id, sched.id, active=False)
                 queued = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(

@@ -40,7 +40,10 @@ RUN_SETTINGS = {
     "ARENAFORGE_MODEL__CONCURRENCY_INITIAL": "4", "ARENAFORGE_MODEL__CONCURRENCY_MAX": "4",  # the engine's slots
     "ARENAFORGE_MODEL__TIMEOUT_S": "600", "ARENAFORGE_MODEL__MAX_REASKS": "1",
     "ARENAFORGE_MODEL__TEMPERATURE": "0.3",
-    "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__VERIFY_CHAINS": "rules",  # it never round-trips a chain "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
+    "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__VERIFY_CHAINS": "rules",  # it never round-trips a chain
+    "ARENAFORGE_SFT__QUERY_VALUES": "program",  # the program draws the values; the schema makes the task name them
+    "ARENAFORGE_SFT__JUDGE": "rules",  # a 135M model's scores are noise (2023, -1, the example copied)
+    "ARENAFORGE_MODEL__CALLS_PER_TURN": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
     "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": "0", "ARENAFORGE_SFT__MAX_TURNS": "3", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
     # the bench measures the model, not the sandbox: the process backend, opted in for model code (docs/SANDBOX.md)
     "ARENAFORGE_SANDBOX__BACKEND": "process", "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true",

@@ -35,6 +35,7 @@ from arenaforge.tasks.envs.knowledge import KnowledgeSource, Link
 from arenaforge.tasks.envs.tool_data import json_value, table_rows
 from arenaforge.tasks.models import NoAnswer, complete_json
 from arenaforge.tasks.prompts import load_prompt
+from arenaforge.tasks.models.text_schemas import text_naming
 
 STRUCTURES = ("single_hop", "parallel_single_hop", "multi_hop")
 WRITTEN_BY = {"structure": "program", "rows": "program", "columns": "model", "sub_questions": "model",
@@ -118,19 +119,6 @@ def plan_facts(source: KnowledgeSource, structure: str, rng: random.Random) -> l
     key_a = source.tables[link.table].key or ""
     return [Fact(link.table, key_a, str(fmt_value(a[key_a])), a, (link.column,)),
             Fact(link.ref_table, link.ref_key, target, b, tuple(_askable(source, link.ref_table)), (1,))]
-
-
-_TEXT = r'[^"\\\x00-\x1f]'  # a character a JSON string holds unescaped (no quote, backslash, control)
-_META = set(".^$*+?()[]{}|\\")
-
-
-def text_naming(values: list[str], max_length: int = 200) -> dict[str, Any]:
-    """A string that names each of `values` in order: a regex pattern, which constrained decoding (llama.cpp, vLLM)
-    turns into a grammar. Unbounded gaps (`*`): llama.cpp expands a bounded one (`{0,80}`) into nested rules
-    whose stacks made sampling ~50x slower (1 token/s); the step's answer budget bounds the length instead."""
-    literal = ["".join("\\" + c if c in _META else c for c in v) for v in values]
-    gap = f"{_TEXT}*"
-    return {"type": "string", "maxLength": max_length, "pattern": "^" + gap + gap.join(literal) + gap + "$"}
 
 
 def subqa_schema(fact: Fact) -> dict[str, Any]:

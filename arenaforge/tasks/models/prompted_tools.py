@@ -20,11 +20,12 @@ from typing import Any
 from arenaforge.schemas.models import ChatMessage
 
 
-def turn_schema(tools: list[dict[str, Any]], tool_choice: str | None) -> dict[str, Any]:
-    """The JSON Schema of one turn: tool calls (names from `tools`) or a final answer, as `tool_choice` allows."""
+def turn_schema(tools: list[dict[str, Any]], tool_choice: str | None, max_calls: int = 8) -> dict[str, Any]:
+    """The JSON Schema of one turn: tool calls (names from `tools`, at most `max_calls`) or a final answer, as
+    `tool_choice` allows."""
     # one branch per tool, its name a const and its arguments the tool's own parameters: an endpoint that decodes
     # under the schema (llama.cpp, vLLM) can only call a real tool with arguments of the right shape
-    calls = {"type": "array", "minItems": 1, "maxItems": 8, "items": {"anyOf": [
+    calls = {"type": "array", "minItems": 1, "maxItems": max_calls, "items": {"anyOf": [
         {"type": "object", "required": ["name", "arguments"], "additionalProperties": False,
          "properties": {"name": {"const": t["function"]["name"]}, "arguments": _arguments_schema(t)}}
         for t in tools]}}

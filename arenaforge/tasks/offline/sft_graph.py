@@ -15,7 +15,8 @@ from typing import Any
 from arenaforge.tasks.models import ChatRequest
 from arenaforge.tasks.models.providers.offline import OfflineModel, generator
 from arenaforge.tasks.offline.sft_agent import plan_from_query
-from arenaforge.tasks.offline.sft_queries import compose, user_values
+from arenaforge.tasks.offline.sft_queries import compose
+from arenaforge.tasks.sft.synthesize_queries import user_values
 from arenaforge.tasks.sft.chains import ChainInputs, PlanInputs
 from arenaforge.tasks.sft.tool_graph import satisfiable
 

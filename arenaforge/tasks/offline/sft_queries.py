@@ -11,15 +11,15 @@ random stream, in request order.
 from __future__ import annotations
 
 import random
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from arenaforge.schemas.models import Server, Tool
 from arenaforge.tasks.models import ChatRequest
 from arenaforge.tasks.models.providers.offline import OfflineModel, generator
-from arenaforge.tasks.sft.synthesize_queries import AugmentInputs, QueryDraft, WriteInputs, clause, mention
-from arenaforge.tasks.sft.tool_graph import id_like, output_fields, param_fields
+from arenaforge.tasks.sft.synthesize_queries import (AugmentInputs, QueryDraft, WriteInputs, clause, mention,
+                                                      user_values)
+from arenaforge.tasks.sft.tool_graph import param_fields
 from arenaforge.tasks.sft.tool_simulator import sample_value
 
 _ROLES = ["small-business owner", "graduate student", "travel agent", "software engineer", "retired teacher",
@@ -32,10 +32,14 @@ def write_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: WriteInputs = request.inputs
     by_name = {t.function.name: t for t in inputs.tools}
     rng = inputs.rng
-    steps = [by_name[n] for n in inputs.chain.tools] if inputs.chain is not None else [rng.choice(list(inputs.tools))]
-    values = user_values(steps, rng)
-    query = compose(steps, values, rng, style=None)
-    model.state[("sft.query", inputs.server.name, query)] = (steps, values)  # what the augmentations start from
+    if inputs.planned is not None:  # the program chose the tools and values (sft.query_values = program)
+        steps, values, marks = [by_name[n] for n in inputs.planned], inputs.values, "«»"  # its schema bars `"`
+        query = one_sentence(steps, values, marks)  # and asks for one sentence
+    else:
+        steps = [by_name[n] for n in inputs.chain.tools] if inputs.chain is not None else [rng.choice(list(inputs.tools))]
+        values, marks = user_values(steps, rng), '""'
+        query = compose(steps, values, rng, style=None, marks=marks)
+    model.state[("sft.query", inputs.server.name, query)] = (steps, values, marks)  # what the augmentations start from
     return {"query": query, "tools": [t.function.name for t in steps],
             "values": {k: v for vs in values.values() for k, v in vs.items()}}
 
@@ -43,39 +47,20 @@ def write_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
 @generator("sft.augment_query")
 def augment_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: AugmentInputs = request.inputs
-    steps, values = model.state[("sft.query", inputs.server.name, inputs.base.query)]
-    draft = _augment(inputs.axis, inputs.server, steps, values, inputs.base.query, inputs.base, inputs.rng)
+    steps, values, marks = model.state[("sft.query", inputs.server.name, inputs.base.query)]
+    draft = _augment(inputs.axis, inputs.server, steps, values, inputs.base.query, inputs.base, inputs.rng, marks)
     return {"query": draft.query, "persona": draft.persona, "values": draft.values}
 
 
-def user_values(chain: Sequence[Tool], rng: random.Random, optional_share: float = 0.0) -> dict[str, dict[str, Any]]:
-    """Values the user must state: required parameters not fed by an earlier call (per tool)."""
-    produced: set[str] = set()
-    values: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(chain):
-        props = tool.function.parameters.get("properties") or {}
-        chosen = {}
-        for p in param_fields(tool):
-            fed = re.sub(r"[^a-z0-9]", "", p.name.lower()) in produced
-            if fed and i > 0:
-                continue
-            if p.required or (optional_share and rng.random() < optional_share):
-                if i > 0 and id_like(p.name) and not p.required:
-                    continue
-                chosen[p.name] = sample_value(props.get(p.name, {}), p.name, rng, hint=tool.function.description)
-        values[tool.function.name] = chosen
-        produced |= {re.sub(r"[^a-z0-9]", "", f.name.lower()) for f in output_fields(tool)}
-    return values
-
-
 def compose(steps: Sequence[Tool], values: dict[str, dict[str, Any]], rng: random.Random,
-             style: str | None, connectors: Sequence[str] = ("First", "Then", "After that", "Finally")) -> str:
+            style: str | None, connectors: Sequence[str] = ("First", "Then", "After that", "Finally"),
+            marks: str = '""') -> str:
     parts = []
     for i, tool in enumerate(steps):
         vals = values.get(tool.function.name, {})
         text = clause(tool)
         if vals:
-            text += " for " + ", ".join(mention(k, v) for k, v in vals.items())
+            text += " for " + ", ".join(mention(k, v, marks) for k, v in vals.items())
         if len(steps) > 1:
             word = connectors[min(i, len(connectors) - 2)] if i < len(steps) - 1 else connectors[-1]
             text = f"{word}, {text}"
@@ -86,14 +71,23 @@ def compose(steps: Sequence[Tool], values: dict[str, dict[str, Any]], rng: rando
     return opener + body
 
 
+def one_sentence(steps: Sequence[Tool], values: dict[str, dict[str, Any]], marks: str) -> str:
+    parts = []
+    for tool in steps:
+        vals = values.get(tool.function.name, {})
+        parts.append(clause(tool) + (" for " + ", ".join(mention(k, v, marks) for k, v in vals.items()) if vals else ""))
+    text = "; then ".join(parts) + "."
+    return text[0].upper() + text[1:]
+
+
 def _augment(aug: str, server: Server, steps: Sequence[Tool], values: dict[str, dict[str, Any]],
-             base: str, draft: QueryDraft, rng: random.Random) -> QueryDraft:
+             base: str, draft: QueryDraft, rng: random.Random, marks: str = '""') -> QueryDraft:
     persona = None
     if aug == "diversity":
         context = server.description or server.title or server.name
         query = (f"I'm using {server.title or server.name}" + (f" ({context.rstrip('.')})" if context else "") + ". "
-                 + compose(steps, values, rng, style="precise",
-                                 connectors=("To begin", "Next", "Following that", "Lastly"))[len("Task: "):])
+                 + compose(steps, values, rng, style="precise", connectors=("To begin", "Next", "Following that", "Lastly"),
+                           marks=marks)[len("Task: "):])
     elif aug == "complexity":
         extra = {}
         for tool in steps[:1]:
@@ -104,12 +98,12 @@ def _augment(aug: str, server: Server, steps: Sequence[Tool], values: dict[str, 
         richer = {k: dict(v) for k, v in values.items()}
         richer[steps[0].function.name].update(extra)
         constraint = " Only report results that match every value I gave, and tell me if any step fails."
-        query = compose(steps, richer, rng, style=None) + constraint
+        query = compose(steps, richer, rng, style=None, marks=marks) + constraint
         values = richer
     else:  # persona
         persona = f"{rng.choice(_ROLES)}, {rng.choice(_STYLES)}"
         role, style = persona.split(", ")
-        body = compose(steps, values, rng, style=style)
+        body = compose(steps, values, rng, style=style, marks=marks)
         article = "an" if role[0] in "aeiou" else "a"
         query = f"As {article} {role}, " + body[0].lower() + body[1:]
         if style == "polite":

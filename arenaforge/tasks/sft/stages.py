@@ -9,11 +9,14 @@ sandbox pool) and references (server names, record ids). It writes its records a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.models import Rejection, Server, Task, Tool, ToolChain, Trajectory
+from arenaforge.tasks.models import ChatModel, open_chat_model
 from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.sft import agent as sft_agent
 from arenaforge.tasks.sft import chains, ingest_tools, judge_trajectories, score_queries, synthesize_queries, tool_graph
@@ -79,15 +82,31 @@ async def synthesize_tasks(run: RunScope, chain_ids: Sequence[str], servers: Seq
         for k in range(cfg.sft.server_only_per_server):
             if tools.get(s.name):
                 jobs.append((s, tools[s.name], None, tool_graph.server_rng(seed, s.name, f"server-query-{k}")))
-    writer = synthesize_queries.QueryWriter(run.model, cfg.sft.augmentations)
-    scorer = score_queries.QueryScorer(run.model)
+    writer = synthesize_queries.QueryWriter(run.model, cfg.sft.augmentations, cfg.sft.query_values == "program")
     drafts, rejections = await synthesize_queries.write_queries(jobs, writer)
     parents = {s.name: [s.id] for s in server_list}
-    made, more = await score_queries.score_drafts(drafts, tools, scorer, cfg.sft, run_id, run.provenance(seed), parents)
+    async with judging_model(run) as scoring:
+        made, more = await score_queries.score_drafts(drafts, tools, score_queries.QueryScorer(scoring), cfg.sft,
+                                                      run_id, judged_by(run.provenance(seed), scoring), parents)
     rejections += more
     await asyncio.to_thread(wh.upsert, [*made, *_stamp(rejections, run_id)])
     accepted = [t.id for t in made if t.accepted]
     return accepted, {"tasks": len(made), "accepted_tasks": len(accepted), "rejected_tasks": len(made) - len(accepted)}
+
+
+@contextlib.asynccontextmanager
+async def judging_model(run: RunScope) -> AsyncIterator[ChatModel]:
+    """Who scores tasks and judges trajectories: the run's model, or (`sft.judge = rules`) the offline provider,
+    whose scorer and judge are rules that read the task and the conversation (its calls are accounted as such)."""
+    if run.cfg.sft.judge == "model":
+        yield run.model
+        return
+    async with open_chat_model(run.cfg.model.model_copy(update={"backend": "offline"}), run.wh, run.run_id) as rules:
+        yield rules
+
+
+def judged_by(provenance: Provenance, model: ChatModel) -> Provenance:
+    return provenance.model_copy(update={"backend": model.kind, "model": model.name})
 
 
 # --------------------------------------------------------------------------- trajectories
@@ -121,9 +140,10 @@ async def judge(run: RunScope, trajectory_ids: Sequence[str], record_uses: bool 
     tasks = {t.id: t for t in lookups.by_ids(wh, Task, task_ids)}
     chain_ids = sorted({t.chain_id for t in tasks.values() if t.chain_id})
     chains = {c.id: c for c in lookups.by_ids(wh, ToolChain, chain_ids)}
-    scores, rejections = await judge_trajectories.judge_trajectories(
-        trajectories, tasks, chains, judge_trajectories.TrajectoryJudge(run.model), run.cfg.sft.keep_threshold,
-        run_id, run.provenance())
+    async with judging_model(run) as judging:
+        scores, rejections = await judge_trajectories.judge_trajectories(
+            trajectories, tasks, chains, judge_trajectories.TrajectoryJudge(judging), run.cfg.sft.keep_threshold,
+            run_id, judged_by(run.provenance(), judging))
     await asyncio.to_thread(wh.upsert, [*scores, *_stamp(rejections, run_id)])
     # The walks count as used only once the run's trajectories are judged: a run killed before this point is redone
     # by its re-run with the same chains (the same rows), never skipped for having "used" them.

@@ -25,7 +25,9 @@ from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
 from arenaforge.tasks.models import ChatModel, complete_json
 from arenaforge.tasks.prompts import load_prompt
-from arenaforge.tasks.sft.tool_graph import humanize
+from arenaforge.tasks.models.text_schemas import nameable, text_naming
+from arenaforge.tasks.sft.tool_graph import humanize, id_like, output_fields, param_fields
+from arenaforge.tasks.sft.tool_simulator import sample_value
 
 AUGMENTATIONS = ("diversity", "complexity", "persona")
 _CUT = re.compile(r"(,|;|\.|\(| and return| returning| which | that returns| - )", re.IGNORECASE)
@@ -61,9 +63,30 @@ def _clause(description: str, name: str) -> str:
     return first.rstrip(".")
 
 
-def mention(name: str, value: Any) -> str:
+def mention(name: str, value: Any, marks: str = '""') -> str:
+    """`<parameter words> "<value>"`; `marks` other quotes (a query whose schema names values holds no `"`)."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return f'{humanize(name)} "{text}"'
+    return f"{humanize(name)} {marks[0]}{text}{marks[1]}"
+
+
+def user_values(chain: Sequence[Tool], rng: random.Random, optional_share: float = 0.0) -> dict[str, dict[str, Any]]:
+    """Values the user must state: required parameters not fed by an earlier call (per tool)."""
+    produced: set[str] = set()
+    values: dict[str, dict[str, Any]] = {}
+    for i, tool in enumerate(chain):
+        props = tool.function.parameters.get("properties") or {}
+        chosen = {}
+        for p in param_fields(tool):
+            fed = re.sub(r"[^a-z0-9]", "", p.name.lower()) in produced
+            if fed and i > 0:
+                continue
+            if p.required or (optional_share and rng.random() < optional_share):
+                if i > 0 and id_like(p.name) and not p.required:
+                    continue
+                chosen[p.name] = sample_value(props.get(p.name, {}), p.name, rng, hint=tool.function.description)
+        values[tool.function.name] = chosen
+        produced |= {re.sub(r"[^a-z0-9]", "", f.name.lower()) for f in output_fields(tool)}
+    return values
 
 
 QUERY_SCHEMA = {
@@ -84,12 +107,26 @@ AUGMENT_SCHEMA = {
 
 @dataclass(frozen=True)
 class WriteInputs:
-    """What the query prompt is rendered from, plus the job's random stream (offline values are drawn from it)."""
+    """What the query prompt is rendered from, plus the job's random stream (offline values are drawn from it).
+    `planned`/`values`: the tools and the values the program chose (sft.query_values = program), else None/{}."""
 
     server: Server
     tools: tuple[Tool, ...]
     chain: ToolChain | None
     rng: random.Random = field(compare=False)
+    planned: tuple[str, ...] | None = None
+    values: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
+
+
+def value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def naming_schema(base: dict[str, Any], values: Sequence[Any], sentence_words: int | None = None) -> dict[str, Any]:
+    """`base` (a query schema) with its `query` made to name each value, in the order given (`sentence_words`: in
+    one sentence, at most that many words around each value; see `text_naming`)."""
+    texts = [t for t in (value_text(v) for v in values) if nameable(t)]
+    return {**base, "properties": {**base["properties"], "query": text_naming(texts, 800, sentence_words)}}
 
 
 @dataclass(frozen=True)
@@ -104,10 +141,13 @@ class AugmentInputs:
 class QueryWriter:
     """The run's model writes the base query and each augmentation."""
 
-    def __init__(self, model: ChatModel, augmentations: Sequence[str]) -> None:
+    def __init__(self, model: ChatModel, augmentations: Sequence[str], program_values: bool = False) -> None:
         self.model = model
         self.augmentations = [a for a in augmentations if a in AUGMENTATIONS]
-        self.write_prompt = load_prompt("sft_write_query")
+        # program values: the program draws what the user states from the parameter schemas and the schema makes
+        # the model's query name each value (a 135M model otherwise writes "..." or the server's name)
+        self.program_values = program_values
+        self.write_prompt = load_prompt("sft_write_query_values" if program_values else "sft_write_query")
         self.augment_prompt = load_prompt("sft_augment_query")
 
     async def write(self, server: Server, tools: Sequence[Tool], chain: ToolChain | None,
@@ -119,20 +159,36 @@ class QueryWriter:
         mode = "chain" if chain else "server"
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
-        answer = await complete_json(self.model, "sft.write_query", lambda: self.write_prompt.render(
-            server=server.title or server.name, description=server.description, tools=tool_lines(steps),
-            instruction=instruction), QUERY_SCHEMA, inputs=WriteInputs(server, tuple(tools), chain, rng))
-        names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
-        base = QueryDraft(server.name, mode, answer["query"], names, chain.id if chain else None,
-                          values=dict(answer.get("values") or {}))
+        schema, inputs, planned = QUERY_SCHEMA, WriteInputs(server, tuple(tools), chain, rng), None
+        render = functools.partial(self.write_prompt.render, server=server.title or server.name,
+                                   description=server.description, tools=tool_lines(steps), instruction=instruction)
+        if self.program_values:
+            # what the user wants in words and the values they give, no signatures: a 135M model copies those
+            steps = steps if chain else [rng.choice(steps)]
+            per_tool = user_values(steps, rng)
+            planned = {k: v for vs in per_tool.values() for k, v in vs.items()}
+            gives = ("The user gives: " + ", ".join(mention(k, v) for k, v in planned.items()) + ".") if planned else ""
+            render = functools.partial(self.write_prompt.render, server=server.title or server.name,
+                                       wants="; then ".join(clause(t) for t in steps), gives=gives)
+            in_order = [v for vs in per_tool.values() for v in vs.values()]  # two tools may share a parameter name
+            schema = naming_schema(QUERY_SCHEMA, in_order, sentence_words=24 * len(steps))  # a clause per tool
+            inputs = WriteInputs(server, tuple(tools), chain, rng, tuple(t.function.name for t in steps), per_tool)
+        answer = await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs)
+        if planned is not None:
+            names, values = tuple(t.function.name for t in steps), planned
+        else:
+            names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
+            values = dict(answer.get("values") or {})
+        base = QueryDraft(server.name, mode, answer["query"], names, chain.id if chain else None, values=values)
         drafts = [base]
+        augment_schema = AUGMENT_SCHEMA if planned is None else naming_schema(AUGMENT_SCHEMA, in_order)
         for aug in self.augmentations:
             out = await complete_json(self.model, "sft.augment_query", lambda aug=aug: self.augment_prompt.render(
                 axis=aug, query=base.query, server=server.title or server.name),
-                AUGMENT_SCHEMA, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
+                augment_schema, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
             drafts.append(QueryDraft(server.name, mode, out["query"], names, base.chain_id,
                                      out.get("persona") if aug == "persona" else None, aug,
-                                     dict(out.get("values") or {}), base.query))
+                                     values if planned is not None else dict(out.get("values") or {}), base.query))
         return drafts
 
 

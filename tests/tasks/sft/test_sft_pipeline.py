@@ -258,3 +258,51 @@ def test_live_mcp_server_answers_the_agent(tmp_warehouse):
     answers = [json.loads(x) for x in texts if not x.startswith("Error:")]
     assert answers and all("datetime" in json.dumps(a) for a in answers)  # real answers from the live server
     assert all(x.startswith("Error:") for x in texts if x and x[0] != "{")  # its own errors reach the agent as such
+
+
+def test_program_values_make_every_task_name_the_values_its_chain_needs(loaded):
+    """`sft.query_values = program`: the program draws the values, the schema makes the query name each, in one
+    sentence, with no `"` (what constrained decoding can hold); the drafts carry the values the program chose."""
+    import re
+
+    from arenaforge.tasks.sft.synthesize_queries import naming_schema, value_text
+
+    cfg = _offline_cfg(query_values="program", augmentations=[])
+    chain_ids, _ = run_stage(sft_stages.sample_chains, cfg, loaded, "run-p", seed=3)
+    accepted, counts = run_stage(sft_stages.synthesize_tasks, cfg, loaded, "run-p", chain_ids, seed=3)
+    assert counts["tasks"] > 0 and accepted
+    refused = [r.detail for r in loaded.load(Rejection, where="run_id = 'run-p'") if r.stage == "write_query"]
+    assert not refused, refused  # the offline writer's queries fit the naming schema
+    _, rows = loaded.query("SELECT query FROM v_tasks WHERE run_id = 'run-p'")
+    named = [q for (q,) in rows if "«" in q]
+    assert named and all('"' not in q for (q,) in rows)
+    pattern = re.compile(naming_schema({"properties": {}}, ["note_1", 3], sentence_words=24)
+                         ["properties"]["query"]["pattern"])
+    assert pattern.match("Share «note_1» with 3 people.") and not pattern.match("Share it with 3 people.")
+    assert not pattern.match("Share «note_1» with 3 people. Then stop.")  # one sentence
+    assert value_text(3) == "3"
+
+
+def test_rules_judge_scores_an_openai_runs_tasks_and_trajectories(scripted_openai, tmp_warehouse):
+    """`sft.judge = rules`: the run's model writes and acts; the program's rules score and judge, and the rows say so."""
+    from tests.tasks.sft_responder import SftResponder
+
+    scripted_openai.responder = SftResponder()
+    cfg = Config(model=ModelConfig(backend="openai", base_url=scripted_openai.url, model="scripted"),
+                 sft=SftConfig(use_embeddings=False, chains_per_server=2, verify_votes=1, augmentations=[],
+                               judge="rules", min_clarity=0, min_realism=0, min_tool_necessity=0))
+    wh = tmp_warehouse
+    run_stage(sft_stages.ingest, cfg, wh, "run-i", [str(SAMPLE / "weather.jsonl")])
+    run_stage(sft_stages.build_graphs, cfg, wh, "run-r")
+    chain_ids, _ = run_stage(sft_stages.sample_chains, cfg, wh, "run-r", seed=0)
+    task_ids, _ = run_stage(sft_stages.synthesize_tasks, cfg, wh, "run-r", chain_ids, seed=0)
+    assert {t.provenance.backend for t in wh.load(Task)} == {"offline"}  # scored by the rules
+    traj_ids, _ = run_stage(sft_stages.run_trajectories, cfg, wh, "run-r", task_ids, seed=0)
+    _, c = run_stage(sft_stages.judge, cfg, wh, "run-r", traj_ids)
+    assert c["scored"] == len(traj_ids) > 0
+    scores = wh.load(JudgeScore)
+    assert {s.judge for s in scores} == {"rules"} and {s.provenance.backend for s in scores} == {"offline"}
+    _, steps = wh.query("SELECT DISTINCT step FROM llm_calls WHERE model = 'scripted'")
+    asked = {s for (s,) in steps}
+    assert {"sft.write_query", "sft.agent"} <= asked and not asked & {"sft.judge_trajectory", "sft.score_query"}
+    assert {t.provenance.model for t in wh.load(Trajectory)} == {"scripted"}

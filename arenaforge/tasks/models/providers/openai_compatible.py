@@ -176,7 +176,7 @@ class OpenAICompatibleModel:
         prompted = request.model_copy(update={
             "messages": prompted_tools.render(request.messages, request.tools, request.tool_choice),
             "tools": None, "tool_choice": None,
-            "response_schema": prompted_tools.turn_schema(request.tools, request.tool_choice)})
+            "response_schema": prompted_tools.turn_schema(request.tools, request.tool_choice, self.cfg.calls_per_turn)})
         response = await self._complete_turns(prompted)
         return response.model_copy(update={"message": prompted_tools.to_message(response.parsed, len(request.messages)), "parsed": None})
 
@@ -200,6 +200,12 @@ class OpenAICompatibleModel:
                 return ChatResponse(message=message, parsed=parsed, usage=usage, attempts=attempts_total, reasks=reask,
                                     wasted_tokens=wasted)
             wasted += turn.total_tokens
+            if _cut(raw) and self.dialect.mode == "json_schema":
+                # cut by the answer budget while the engine enforced the schema: sample afresh (the next seed), not
+                # shown the cut text (a small model shown its runaway answer copies it)
+                seed = request.seed if request.seed is not None else self.cfg.seed
+                request = request.model_copy(update={"seed": seed + 1})
+                continue
             # the schema goes with the re-ask: a server that ignores response_format (transformers serve does) still
             # tells the model what to write
             messages = messages + [
@@ -315,3 +321,9 @@ async def open(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None
 
 
 __all__ = ["OpenAICompatibleModel"]
+
+
+def _cut(raw: Any) -> bool:
+    """Whether the answer stopped at its token budget (finish_reason "length")."""
+    choices = raw.get("choices") if isinstance(raw, dict) else None
+    return bool(choices) and isinstance(choices[0], dict) and choices[0].get("finish_reason") == "length"
