@@ -65,7 +65,7 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
 
 
 def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model: str = "smollm2-135m",
-         qas: int = 48, chains: int = 10, code_qas: int = 4) -> Any:
+         qas: int = 48, chains: int = 10, server_tasks: int = 8, code_qas: int = 4) -> Any:
     """Client throughput against a scripted endpoint (share of `limit` kept busy; goal >= 0.9), or with --real
     the pipeline written by a real model behind the local llama-server (what was kept, by stage, and why).
 
@@ -77,10 +77,11 @@ def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = F
         model: --real: a bundled model (smollm2-135m) or the path of a GGUF file.
         qas: --real: QA instances `envs synth --decomposition stepwise --tool-code evidence` writes.
         chains: --real: chains per server `sft synth` walks.
+        server_tasks: --real: server-only tasks per server `sft synth` writes (one tool each).
         code_qas: --real: QA instances whose tool code the model writes itself (`--tool-code model`).
     """
     if real:
-        return real_model.run(model, n=qas, chains=chains, code_qas=code_qas)
+        return real_model.run(model, n=qas, chains=chains, server_tasks=server_tasks, code_qas=code_qas)
     return _scripted(n, limit, latency_s)
 
 

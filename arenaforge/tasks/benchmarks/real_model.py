@@ -44,7 +44,7 @@ RUN_SETTINGS = {
     "ARENAFORGE_SFT__QUERY_VALUES": "program",  # the program draws the values; the schema makes the task name them
     "ARENAFORGE_SFT__JUDGE": "rules",  # a 135M model's scores are noise (2023, -1, the example copied)
     "ARENAFORGE_MODEL__CALLS_PER_TURN": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
-    "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": "0", "ARENAFORGE_SFT__MAX_TURNS": "3", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
+    "ARENAFORGE_SFT__MAX_TURNS": "3", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
     # the bench measures the model, not the sandbox: the process backend, opted in for model code (docs/SANDBOX.md)
     "ARENAFORGE_SANDBOX__BACKEND": "process", "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true",
 }
@@ -133,7 +133,8 @@ def _written_by(wh: Warehouse) -> dict[str, Any]:
     return envs[0].provenance.written_by if envs and envs[0].provenance else {}
 
 
-def run(model: str = "smollm2-135m", n: int = 48, chains: int = 10, code_qas: int = 4) -> dict[str, Any]:
+def run(model: str = "smollm2-135m", n: int = 48, chains: int = 10, server_tasks: int = 8, code_qas: int = 4
+        ) -> dict[str, Any]:
     """Serve `model` with llama-server and run ingest, graph, sft synth/export and envs synth against it."""
     samples = resources.files("arenaforge.tasks.data")
     project = Path(tempfile.mkdtemp(prefix="arenaforge-real-"))
@@ -145,8 +146,9 @@ def run(model: str = "smollm2-135m", n: int = 48, chains: int = 10, code_qas: in
         steps = [
             _cli(project, url, name, "ingest", "ingest", str(samples.joinpath("sample_tools"))),
             _cli(project, url, name, "graph", "graph", "build"),
-            _cli(project, url, name, "sft", "sft", "synth", "--chains-only", "--export", str(project / "out" / "sft"),
-                 env={"ARENAFORGE_SFT__CHAINS_PER_SERVER": str(chains)}),
+            _cli(project, url, name, "sft", "sft", "synth", "--export", str(project / "out" / "sft"),
+                 env={"ARENAFORGE_SFT__CHAINS_PER_SERVER": str(chains),
+                      "ARENAFORGE_SFT__SERVER_ONLY_PER_SERVER": str(server_tasks)}),
             _cli(project, url, name, "envs", "envs", "synth", "--source", "sample", "--n", str(n),
                  "--decomposition", "stepwise", "--tool-code", "evidence"),
             _cli(project, url, name, "envs-code", "envs", "synth", "--source", "sample", "--n", str(code_qas),
