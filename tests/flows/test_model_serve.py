@@ -70,6 +70,7 @@ def test_serve_answers_health_and_enforces_the_schema(engine) -> None:
     assert isinstance(answer["rank"], int)
 
 
+@pytest.mark.timeout(1600)  # a 135M model on 2 loaded cores: the run's own bound is its subprocess timeout
 def test_a_real_model_writes_an_accepted_qa(engine, tmp_path: Path) -> None:
     """SmolLM2-135M through the small-model route; the source decides what is kept, and something is."""
     _, url = engine
@@ -142,6 +143,7 @@ def test_sigterm_stops_the_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.prefect_server
+@pytest.mark.timeout(1600)  # the run's own deadline below is the bound
 def test_the_envs_deployment_runs_against_the_local_engine(engine, served) -> None:
     """What a user starts from the Prefect UI: the `envs` deployment, its form pointed at the local endpoint."""
     from prefect.client.orchestration import get_client

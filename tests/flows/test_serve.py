@@ -176,6 +176,7 @@ def test_schedule_parameters_the_form_does_not_have_are_refused_in_one_line(serv
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1000)  # three real flows at once on a loaded machine; the waits below are the bounds
 def test_the_docs_schedule_examples_complete_runs_with_parameters_given_absent_and_empty(served: Any) -> None:
     """docs/UI.md's examples as they are, on the real `sft` and `envs` flows, the server's scheduler and the worker;
     only their timing is made 30 seconds (and switched on). `envs` as written has no `parameters`; the same with
