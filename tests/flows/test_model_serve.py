@@ -155,7 +155,9 @@ def test_the_envs_deployment_runs_against_the_local_engine(engine, served) -> No
     params = {"sources": ["sample"], "n": 6, "seed": 0, "structures": ["single_hop"], "decomposition": "stepwise",
               "tool_code": "evidence",
               "overrides": {"model.backend": "openai", "model.base_url": url, "model.model": "smollm2-135m",
-                            "sandbox.backend": "process"}}
+                            # the engine's 4 slots, and room to wait for one on loaded cores (as the CLI test);
+                            # with the defaults (16 in flight, 60 s) requests timed out in the queue under load
+                            "model.concurrency_max": 4, "model.timeout_s": 600, "sandbox.backend": "process"}}
     run = start_run(served.api_url, "envs", params, wait_s=0)
     deadline = time.monotonic() + 1500
     with served.client_settings(), get_client(sync_client=True) as client:
