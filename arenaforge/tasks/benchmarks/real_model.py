@@ -77,11 +77,10 @@ def _run_id(stdout: str) -> str | None:
 
 
 def _stage_figures(wh: Warehouse, stage: dict[str, Any], steps: tuple[str, ...]) -> dict[str, Any]:
-    marks = ",".join("?" * len(steps))
-    _, rows = wh.query(
+    _, rows = wh.query(  # list_contains: a stage without model steps (ingest) is an empty list, not `IN ()`
         "SELECT count(*), count(*) FILTER (WHERE reasks = 0), sum(completion_tokens), sum(prompt_tokens) "
-        f"FROM llm_calls WHERE NOT cached AND step IN ({marks})" + (" AND run_id = ?" if stage["run_id"] else ""),
-        [*steps, *([stage["run_id"]] if stage["run_id"] else [])])
+        "FROM llm_calls WHERE NOT cached AND list_contains(?, step)" + (" AND run_id = ?" if stage["run_id"] else ""),
+        [list(steps), *([stage["run_id"]] if stage["run_id"] else [])])
     requests, first_try, completion, prompt = rows[0]
     reasons: list[Any] = []
     if stage["run_id"]:
