@@ -63,10 +63,14 @@ def _clause(description: str, name: str) -> str:
     return first.rstrip(".")
 
 
+def value_text(value: Any) -> str:
+    """A value as a query states it: a string as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
 def mention(name: str, value: Any, marks: str = '""') -> str:
     """`<parameter words> "<value>"`; `marks` other quotes (a query whose schema names values holds no `"`)."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return f"{humanize(name)} {marks[0]}{text}{marks[1]}"
+    return f"{humanize(name)} {marks[0]}{value_text(value)}{marks[1]}"
 
 
 def user_values(chain: Sequence[Tool], rng: random.Random, optional_share: float = 0.0) -> dict[str, dict[str, Any]]:
@@ -116,10 +120,6 @@ class WriteInputs:
     rng: random.Random = field(compare=False)
     planned: tuple[str, ...] | None = None
     values: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
-
-
-def value_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
 def naming_schema(base: dict[str, Any], values: Sequence[Any], sentence_words: int | None = None) -> dict[str, Any]:
