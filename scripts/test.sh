@@ -4,21 +4,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+mkdir -p out/setup
 
-bash scripts/setup.sh
-bash scripts/setup-verl.sh  # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
-bash scripts/setup-llm.sh   # the local model engine (llama-server, built once per machine) and SmolLM2's weights
-bash scripts/setup-harbor.sh >/dev/null  # the real Harbor CLI runs our Harbor exports (tests/tasks/envs/test_harbor_cli.py)
-bash scripts/setup-openenv.sh >/dev/null  # OpenEnv's own client drives our OpenEnv servers (tests/tasks/envs/test_openenv.py)
-bash scripts/setup-verifiers.sh >/dev/null  # verifiers' own vf-eval scores our verifiers export (tests/tasks/envs/test_verifiers.py)
-if [ "$(id -u)" = 0 ]; then
-  bash scripts/system-deps.sh
-fi
-if [ -f scripts/start-docker.sh ]; then
-  bash scripts/start-docker.sh || echo "test.sh: no Docker engine; docker tests will skip (fail in CI)"
-fi
-if .venv/bin/python -c "import docker; docker.from_env(timeout=5).ping()" 2>/dev/null; then
-  .venv/bin/arenaforge sandbox build-image
-fi
-mkdir -p out
+bash scripts/setup.sh  # .venv first: the steps below install into it or run its CLI
+
+# The rest are independent, and on a bare machine mostly wait on downloads or on one compile: run them side by
+# side, each logging to out/setup/NAME.log, and stop on the first that fails with its log on screen.
+declare -A steps=(
+  [verl]="bash scripts/setup-verl.sh"            # verl 0.9.1's own code checks our exports (tests/tasks/test_verl.py)
+  [llm]="bash scripts/setup-llm.sh"              # the local model engine (llama-server, built once per machine) and SmolLM2
+  [harbor]="bash scripts/setup-harbor.sh"        # the real Harbor CLI runs our Harbor exports (test_harbor_cli.py)
+  [openenv]="bash scripts/setup-openenv.sh"      # OpenEnv's own client drives our OpenEnv servers (test_openenv.py)
+  [verifiers]="bash scripts/setup-verifiers.sh"  # verifiers' own vf-eval scores our verifiers export (test_verifiers.py)
+  [sandbox]="bash scripts/sandbox-engine.sh"     # system packages, the Docker engine and the sandbox image
+)
+declare -A pids=()
+for name in "${!steps[@]}"; do
+  bash -c "${steps[$name]}" >"out/setup/$name.log" 2>&1 &
+  pids[$name]=$!
+done
+failed=""
+for name in "${!pids[@]}"; do
+  if ! wait "${pids[$name]}"; then
+    echo "test.sh: setup step '$name' failed; its log (out/setup/$name.log) ends:" >&2
+    tail -n 40 "out/setup/$name.log" >&2
+    failed="$failed $name"
+  fi
+done
+[ -z "$failed" ] || exit 1
+cat out/setup/sandbox.log
+
 .venv/bin/python -m pytest -q -rs --durations=25 --junitxml=out/junit.xml "$@"

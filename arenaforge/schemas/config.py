@@ -177,8 +177,12 @@ class SftConfig(_Section):
                                      "round-trip a chain).")
     query_values: Literal["model", "program"] = Field(
         default="model", description="model: the model picks the values a task states; program: the program draws "
-                                     "them from the tools' parameter schemas and the task's schema makes the model "
-                                     "name each one (for small models, which otherwise write no values).")
+                                     "them from the tools' parameter schemas and the model writes one sentence per "
+                                     "tool whose schema makes it name that tool's values (for small models, which "
+                                     "otherwise write no values); no augmentations are written in this mode.")
+    agent_first_turn: Literal["auto", "required"] = Field(
+        default="auto", description="tool_choice of the agent's first turn. required: the first turn calls a tool "
+                                    "(every task needs one; a small model otherwise answers at once).")
     augmentations: list[str] = Field(
         default_factory=lambda: ["diversity", "complexity", "persona"], description="Augmented variants per task."
     )

@@ -34,3 +34,12 @@ def synthesize(n: int, seed: int = 9) -> list[Environment]:
     src.close()
     chosen = choose_distractors(drafts, DistractorMix(), embed)
     return [assemble(d.qa, d.tools, c.tools, [t.name for t in c.tools], None) for d, c in zip(drafts, chosen, strict=True)]
+
+
+def spread(envs: list[Environment], k: int) -> list[Environment]:
+    """`k` of `envs`, evenly spaced from the fewest gold calls to the most: the interop tests run each through
+    another harness's own processes (seconds apiece), and a spread covers the shapes a full list would."""
+    ranked = sorted(envs, key=lambda env: (len(env.calls), env.id))
+    if len(ranked) <= k:
+        return ranked
+    return [ranked[round(i * (len(ranked) - 1) / (k - 1))] for i in range(k)]

@@ -59,8 +59,9 @@ def system_message(server: Server) -> ChatMessage:
 class Agent:
     """The run's model drives the episode: native tool calls, then a final answer."""
 
-    def __init__(self, model: ChatModel, max_turns: int, max_retries: int = 2) -> None:
+    def __init__(self, model: ChatModel, max_turns: int, max_retries: int = 2, first_turn: str = "auto") -> None:
         self.model = model
+        self.first_turn = None if first_turn == "auto" else first_turn  # the first turn's tool_choice
         self.max_turns = max_turns
         self.max_retries = max_retries
 
@@ -77,8 +78,9 @@ class Agent:
         final = None
         for turn in range(self.max_turns + 1):
             last = turn == self.max_turns  # out of tool turns: ask for the answer
+            choice = "none" if last else self.first_turn if turn == 0 else None
             response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire if reads else wire[-1:],
-                                                             tools=specs, tool_choice="none" if last else None,
+                                                             tools=specs, tool_choice=choice,
                                                              max_tokens=ANSWER_TOKENS["sft.agent"], inputs=inputs))
             reply = response.message
             messages.append(reply)

@@ -120,7 +120,7 @@ async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0
     needs_sandbox = any(has_code(tools[s]) and not servers[s].launch for s in servers)
 
     pool = await run.sandbox() if needs_sandbox else None  # the sandbox runtime, only when some tools have code
-    agent = sft_agent.Agent(run.model, cfg.sft.max_turns, cfg.sft.max_retries_per_call)
+    agent = sft_agent.Agent(run.model, cfg.sft.max_turns, cfg.sft.max_retries_per_call, cfg.sft.agent_first_turn)
     batch = await sft_agent.run_episodes(tasks, servers, tools, chains, agent, simulator_factory(cfg, run.model), cfg,
                                          seed, run_id, run.provenance(seed), sandbox_pool=pool)
     await asyncio.to_thread(wh.upsert, [*batch.trajectories, *_stamp(batch.rejections, run_id)])

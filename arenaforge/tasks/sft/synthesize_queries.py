@@ -101,6 +101,8 @@ QUERY_SCHEMA = {
                    "values": {"type": "object", "description": "Parameter -> value the request states (optional)."}},
     "required": ["query"],
 }
+CLAUSE_WORDS = 10  # words around each value in a program-values sentence (see text_naming)
+
 AUGMENT_SCHEMA = {
     "type": "object",
     "properties": {"query": {"type": "string", "minLength": 1}, "persona": {"type": ["string", "null"]},
@@ -159,37 +161,44 @@ class QueryWriter:
         mode = "chain" if chain else "server"
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
-        schema, inputs, planned = QUERY_SCHEMA, WriteInputs(server, tuple(tools), chain, rng), None
+        schema, inputs = QUERY_SCHEMA, WriteInputs(server, tuple(tools), chain, rng)
         render = functools.partial(self.write_prompt.render, server=server.title or server.name,
                                    description=server.description, tools=tool_lines(steps), instruction=instruction)
         if self.program_values:
-            # what the user wants in words and the values they give, no signatures: a 135M model copies those
-            steps = steps if chain else [rng.choice(steps)]
-            per_tool = user_values(steps, rng)
-            planned = {k: v for vs in per_tool.values() for k, v in vs.items()}
-            gives = ("The user gives: " + ", ".join(mention(k, v) for k, v in planned.items()) + ".") if planned else ""
-            render = functools.partial(self.write_prompt.render, server=server.title or server.name,
-                                       wants="; then ".join(clause(t) for t in steps), gives=gives)
-            in_order = [v for vs in per_tool.values() for v in vs.values()]  # two tools may share a parameter name
-            schema = naming_schema(QUERY_SCHEMA, in_order, sentence_words=24 * len(steps))  # a clause per tool
-            inputs = WriteInputs(server, tuple(tools), chain, rng, tuple(t.function.name for t in steps), per_tool)
+            return [await self._write_clauses(server, tools, chain, steps if chain else [rng.choice(steps)], rng)]
         answer = await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs)
-        if planned is not None:
-            names, values = tuple(t.function.name for t in steps), planned
-        else:
-            names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
-            values = dict(answer.get("values") or {})
+        names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
+        values = dict(answer.get("values") or {})
         base = QueryDraft(server.name, mode, answer["query"], names, chain.id if chain else None, values=values)
         drafts = [base]
-        augment_schema = AUGMENT_SCHEMA if planned is None else naming_schema(AUGMENT_SCHEMA, in_order)
         for aug in self.augmentations:
             out = await complete_json(self.model, "sft.augment_query", lambda aug=aug: self.augment_prompt.render(
                 axis=aug, query=base.query, server=server.title or server.name),
-                augment_schema, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
+                AUGMENT_SCHEMA, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
             drafts.append(QueryDraft(server.name, mode, out["query"], names, base.chain_id,
                                      out.get("persona") if aug == "persona" else None, aug,
-                                     values if planned is not None else dict(out.get("values") or {}), base.query))
+                                     dict(out.get("values") or {}), base.query))
         return drafts
+
+    async def _write_clauses(self, server: Server, tools: Sequence[Tool], chain: ToolChain | None,
+                             steps: Sequence[Tool], rng: random.Random) -> QueryDraft:
+        """sft.query_values = program: the program draws the values the user states, and the model writes one
+        sentence per tool that names that tool's values, asked apart (a 135M model asked for a whole chain at once
+        copied the prompt's example and ran on; per tool, its sentences finished and named their values). The
+        query is the sentences in chain order. No augmentations: their schema would have to name every value again."""
+        per_tool = user_values(steps, rng)
+        sentences = []
+        for tool in steps:
+            values = per_tool[tool.function.name]
+            gives = ("The user gives: " + ", ".join(mention(k, v) for k, v in values.items()) + ".") if values else ""
+            render = functools.partial(self.write_prompt.render, server=server.title or server.name,
+                                       wants=clause(tool), gives=gives)
+            schema = naming_schema(QUERY_SCHEMA, list(values.values()), sentence_words=CLAUSE_WORDS)
+            inputs = WriteInputs(server, tuple(tools), chain, rng, (tool.function.name,), {tool.function.name: values})
+            sentences.append((await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs))["query"])
+        planned = {k: v for vs in per_tool.values() for k, v in vs.items()}  # two tools may share a parameter name
+        return QueryDraft(server.name, "chain" if chain else "server", " ".join(sentences),
+                          tuple(t.function.name for t in steps), chain.id if chain else None, values=planned)
 
 
 async def write_queries(jobs: Sequence[tuple[Server, Sequence[Tool], ToolChain | None, random.Random]],

@@ -21,7 +21,7 @@ from arenaforge.tasks.envs.export import write_openenv
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.prefect_server import free_port
 from tests.support.requirements import require_openenv
-from tests.support.synth_envs import synthesize
+from tests.support.synth_envs import spread, synthesize
 
 pytestmark = pytest.mark.slow
 EPISODE = Path(__file__).resolve().parents[2] / "support" / "openenv_episode.py"
@@ -36,8 +36,9 @@ def _episode(python: Path, url: str, calls: list[dict]) -> dict:
 
 def test_openenv_client_replays_gold_calls_to_reward_one(tmp_path: Path) -> None:
     python = require_openenv()
-    envs = synthesize(24)
-    assert len(envs) >= 20
+    synthesized = synthesize(24)
+    assert len(synthesized) >= 20
+    envs = spread(synthesized, 8)
     dirs = write_openenv(envs, tmp_path / "openenv")
 
     async def sandbox_texts() -> list[list[str]]:

@@ -24,7 +24,7 @@ from arenaforge.tasks.rollout.episodes import user_turns
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.requirements import require_verifiers
 from tests.support.scripted_policy import ANSWER, replay_policy
-from tests.support.synth_envs import synthesize
+from tests.support.synth_envs import spread, synthesize
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +55,9 @@ def _vf_eval(python: Path, site: Path, url: str, out: Path, n: int) -> list[dict
 
 def test_vf_eval_reward_matches_our_f1_per_episode(tmp_path: Path) -> None:
     python = require_verifiers()
-    envs = synthesize(24)
-    assert len(envs) >= 20
+    synthesized = synthesize(24)
+    assert len(synthesized) >= 20
+    envs = spread(synthesized, 8)
     root = write_verifiers(envs, tmp_path / "verifiers")
     site = tmp_path / "site"
     installed = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),

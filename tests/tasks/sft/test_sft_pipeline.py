@@ -290,7 +290,8 @@ def test_rules_judge_scores_an_openai_runs_tasks_and_trajectories(scripted_opena
     scripted_openai.responder = SftResponder()
     cfg = Config(model=ModelConfig(backend="openai", base_url=scripted_openai.url, model="scripted"),
                  sft=SftConfig(use_embeddings=False, chains_per_server=2, verify_votes=1, augmentations=[],
-                               judge="rules", min_clarity=0, min_realism=0, min_tool_necessity=0))
+                               judge="rules", agent_first_turn="required", min_clarity=0, min_realism=0,
+                               min_tool_necessity=0))
     wh = tmp_warehouse
     run_stage(sft_stages.ingest, cfg, wh, "run-i", [str(SAMPLE / "weather.jsonl")])
     run_stage(sft_stages.build_graphs, cfg, wh, "run-r")
@@ -306,3 +307,8 @@ def test_rules_judge_scores_an_openai_runs_tasks_and_trajectories(scripted_opena
     asked = {s for (s,) in steps}
     assert {"sft.write_query", "sft.agent"} <= asked and not asked & {"sft.judge_trajectory", "sft.score_query"}
     assert {t.provenance.model for t in wh.load(Trajectory)} == {"scripted"}
+    # sft.agent_first_turn = required: an episode's first turn must call a tool, the turns after it may answer
+    turns = [r for r in scripted_openai.chat_requests() if r.get("tools")]
+    first = [r for r in turns if [m["role"] for m in r["messages"]] == ["system", "user"]]
+    assert len(first) == len(traj_ids) and {r.get("tool_choice") for r in first} == {"required"}
+    assert len(turns) > len(first) and "required" not in {r.get("tool_choice") for r in turns if r not in first}
