@@ -76,6 +76,18 @@ def flood():
         s.sendall(b"x" * (1 << 20))
     return "sent"
 
+def pour_newlines():
+    import threading
+    s = _channel()
+    def pour():  # bare newlines from a thread that outlives the call, ~1.3 GB unless the session ends first
+        try:
+            for _ in range(20000):
+                s.sendall(b"\n" * (1 << 16))
+        except OSError:
+            pass
+    threading.Thread(target=pour, daemon=True).start()
+    return "pouring"
+
 def lone_surrogate():
     return "a\ud800b"
 
@@ -89,7 +101,7 @@ def big(n: int):
     return "r" * n
 '''
 TOOLS = ("forge_guess", "forge_own", "forge_next", "forge_huge", "forge_outcome", "forge_infrastructure",
-         "forge_bytes", "flood", "lone_surrogate", "ok", "echo", "big")
+         "forge_bytes", "flood", "pour_newlines", "lone_surrogate", "ok", "echo", "big")
 
 
 def abuse_env() -> Environment:
@@ -139,6 +151,29 @@ def test_a_flood_into_the_channel_restarts_only_that_session(sandbox: PoolHandle
     assert flood.outcome == "limit" and "flooded its reply channel" in (flood.error or "")
     assert after.output == "fine"
     assert neighbour_status == "cancelled" and replaced == 0
+
+
+def test_newlines_poured_between_calls_cost_a_neighbour_nothing(sandbox: PoolHandle) -> None:
+    """Tool code that leaves a thread writing bare newlines into its channel while no call is pending: the
+    worker drops them in one step (cutting a line at a time was quadratic, and neighbours' trivial calls timed out
+    after 7-21 s); the flooder's own next call fails as its tool's `limit`, or finds the session restarted."""
+    pool = sandbox.pool
+
+    async def scenario() -> tuple[ToolObservation, list[ToolObservation], ToolObservation]:
+        neighbour = await pool.open(abuse_env())
+        session = await pool.open(abuse_env())
+        started = await pool.call(session, "pour_newlines", {})
+        calls = [await pool.call(neighbour, "ok", {}) for _ in range(200)]
+        own = await pool.call(session, "ok", {})
+        await pool.close(session)
+        await pool.close(neighbour)
+        return started, calls, own
+
+    started, calls, own = sandbox.run(scenario())
+    assert started.output == "pouring"
+    assert [(c.outcome, c.output) for c in calls] == [("ok", "fine")] * 200
+    assert own.outcome == "ok" or (own.outcome == "limit" and "flooded" in (own.error or "")), own
+    assert sandbox.pool.replaced == 0
 
 
 def test_odd_tool_names_and_arguments_are_the_callers_error(sandbox: PoolHandle) -> None:

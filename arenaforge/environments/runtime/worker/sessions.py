@@ -26,7 +26,8 @@ DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that 
 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
-                 "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching")
+                 "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching",
+                 "stray")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -42,6 +43,7 @@ class Session:
         self.isolated = self.dying = self.watching = False
         self.spare = False  # forked ahead of an open (server._prepare_spare)
         self.status: int | None = None
+        self.stray = 0  # bytes of lines that were not the reply, since the request in flight was sent
 
 
 class SessionServer:
@@ -163,18 +165,28 @@ class SessionServer:
         if not chunk:
             self._channel_closed(sess)
             return
-        sess.rbuf += chunk
         limit = int(self.limits["output_limit"])
-        while b"\n" in sess.rbuf and sess.sock is not None:
-            line, sess.rbuf = sess.rbuf.split(b"\n", 1)
+        data = sess.rbuf + chunk
+        if sess.isolated and sess.pending is None:
+            # no call in flight, so no line is a reply: tool code left writing (a background process). Dropped
+            # in one step, so a flood costs the worker a copy, not a parse per line.
+            sess.rbuf = data[data.rfind(b"\n") + 1:]
+            return
+        *lines, sess.rbuf = data.split(b"\n")  # one pass: cutting a line at a time was quadratic
+        sock = sess.sock
+        for line in lines:
+            if sess.sock is not sock:  # killed, or killed and forked afresh: the rest was the old process's
+                return
             if not sess.isolated:  # the first message comes before any tool code ran: it is trusted
                 self._isolated(sess, line)
                 continue
-            msg = session_reply(line, sess.nonce, limit) if sess.pending is not None else None
+            msg = session_reply(line, sess.nonce, limit) if line and sess.pending is not None else None
             if msg is not None:
                 self._answered(sess, msg)
-        if sess.sock is not None and len(sess.rbuf) > 20 * limit + (1 << 20):
-            # an honest reply is bounded by the output limit: this is tool code writing into the channel
+            else:
+                sess.stray += len(line) + 1
+        if sess.sock is sock and (len(sess.rbuf) > 20 * limit + (1 << 20) or sess.stray > 20 * limit + (1 << 20)):
+            # an honest reply is bounded by the output limit and is the only line: this is tool code writing
             self._tool_fault(sess, "the session process flooded its reply channel", "limit")
 
     def _isolated(self, sess: Session, line: bytes) -> None:
@@ -260,7 +272,7 @@ class SessionServer:
                 self.reply({"id": r["id"], "ok": False, "failure": failure, "error": error})
 
     def _arm(self, sess: Session, req: dict, budget: float) -> None:
-        sess.pending, sess.serial = req, next(self.serials)
+        sess.pending, sess.serial, sess.stray = req, next(self.serials), 0
         sess.clock = RequestClock(budget, time.monotonic())
         self._check_at(sess, sess.clock.first_check())
 
