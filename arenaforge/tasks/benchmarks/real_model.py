@@ -45,7 +45,7 @@ RUN_SETTINGS = {
     "ARENAFORGE_SFT__JUDGE": "rules",  # a 135M model's scores are noise (2023, -1, the example copied)
     "ARENAFORGE_SFT__AGENT_FIRST_TURN": "required",  # left free, it answered 5 of 7 tasks without a call
     "ARENAFORGE_MODEL__CALLS_PER_TURN": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
-    "ARENAFORGE_SFT__MAX_TURNS": "3", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
+    "ARENAFORGE_SFT__MAX_TURNS": "2", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",
     # the bench measures the model, not the sandbox: the process backend, opted in for model code (docs/SANDBOX.md)
     "ARENAFORGE_SANDBOX__BACKEND": "process", "ARENAFORGE_SANDBOX__PROCESS_ALLOWS_MODEL_CODE": "true",
 }

@@ -11,14 +11,16 @@ random stream, in request order.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from arenaforge.schemas.models import Server, Tool
 from arenaforge.tasks.models import ChatRequest
 from arenaforge.tasks.models.providers.offline import OfflineModel, generator
-from arenaforge.tasks.sft.synthesize_queries import (CLAUSE_WORDS, AugmentInputs, QueryDraft, WriteInputs, clause,
-                                                      mention, user_values)
+from arenaforge.tasks.models.text_schemas import SENTENCE_WORD, SentenceBounds
+from arenaforge.tasks.sft.synthesize_queries import (AugmentInputs, QueryDraft, WriteInputs, clause, mention,
+                                                      user_values)
 from arenaforge.tasks.sft.tool_graph import humanize, param_fields
 from arenaforge.tasks.sft.tool_simulator import sample_value
 
@@ -72,18 +74,17 @@ def compose(steps: Sequence[Tool], values: dict[str, dict[str, Any]], rng: rando
 
 
 def one_sentence(steps: Sequence[Tool], values: dict[str, dict[str, Any]], marks: str) -> str:
-    """The sentence a program-values schema asks for (one per tool, `CLAUSE_WORDS` words before each value, no word
-    longer than 16 characters): the tool's purpose cut short, then its values."""
+    """The sentence a program-values schema asks for (`sentence_naming`: an opener, at most `before` plain words
+    before the first value, each value in «»): the tool's purpose in its plain words, cut short, then its values."""
+    bounds = SentenceBounds()
     parts = []
     for tool in steps:
         vals = values.get(tool.function.name, {})
-        names = [humanize(k).split() for k in vals]
-        room = CLAUSE_WORDS - 1 - (len(names[0]) if names else 0)
-        words = [w for w in clause(tool).split() if len(w) <= 16][:max(room, 1)]
+        room = bounds.before - 1 - (len(humanize(next(iter(vals))).split()) if vals else -bounds.after)
+        words = [w for w in clause(tool).split() if re.fullmatch(SENTENCE_WORD, w)][:max(room, 1)]
         mentions = ", ".join(mention(k, v, marks) for k, v in vals.items())
         parts.append(" ".join(words) + (" for " + mentions if vals else ""))
-    text = "; then ".join(parts) + "."
-    return text[0].upper() + text[1:]
+    return "Please " + " and then ".join(parts) + "."
 
 
 def _augment(aug: str, server: Server, steps: Sequence[Tool], values: dict[str, dict[str, Any]],

@@ -25,7 +25,7 @@ from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
 from arenaforge.tasks.models import ChatModel, complete_json
 from arenaforge.tasks.prompts import load_prompt
-from arenaforge.tasks.models.text_schemas import nameable, text_naming
+from arenaforge.tasks.models.text_schemas import nameable, sentence_naming
 from arenaforge.tasks.sft.tool_graph import humanize, id_like, output_fields, param_fields
 from arenaforge.tasks.sft.tool_simulator import sample_value
 
@@ -101,8 +101,6 @@ QUERY_SCHEMA = {
                    "values": {"type": "object", "description": "Parameter -> value the request states (optional)."}},
     "required": ["query"],
 }
-CLAUSE_WORDS = 10  # words around each value in a program-values sentence (see text_naming)
-
 AUGMENT_SCHEMA = {
     "type": "object",
     "properties": {"query": {"type": "string", "minLength": 1}, "persona": {"type": ["string", "null"]},
@@ -124,11 +122,11 @@ class WriteInputs:
     values: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
 
-def naming_schema(base: dict[str, Any], values: Sequence[Any], sentence_words: int | None = None) -> dict[str, Any]:
-    """`base` (a query schema) with its `query` made to name each value, in the order given (`sentence_words`: in
-    one sentence, at most that many words around each value; see `text_naming`)."""
+def naming_schema(base: dict[str, Any], values: Sequence[Any]) -> dict[str, Any]:
+    """`base` (a query schema) with its `query` one sentence that names each value, in the order given (see
+    `sentence_naming`); values a JSON string cannot hold unescaped are left to the words."""
     texts = [t for t in (value_text(v) for v in values) if nameable(t)]
-    return {**base, "properties": {**base["properties"], "query": text_naming(texts, 800, sentence_words)}}
+    return {**base, "properties": {**base["properties"], "query": sentence_naming(texts)}}
 
 
 @dataclass(frozen=True)
@@ -193,7 +191,7 @@ class QueryWriter:
             gives = ("The user gives: " + ", ".join(mention(k, v) for k, v in values.items()) + ".") if values else ""
             render = functools.partial(self.write_prompt.render, server=server.title or server.name,
                                        wants=clause(tool), gives=gives)
-            schema = naming_schema(QUERY_SCHEMA, list(values.values()), sentence_words=CLAUSE_WORDS)
+            schema = naming_schema(QUERY_SCHEMA, list(values.values()))
             inputs = WriteInputs(server, tuple(tools), chain, rng, (tool.function.name,), {tool.function.name: values})
             sentences.append((await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs))["query"])
         planned = {k: v for vs in per_tool.values() for k, v in vs.items()}  # two tools may share a parameter name

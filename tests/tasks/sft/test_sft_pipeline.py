@@ -276,10 +276,13 @@ def test_program_values_make_every_task_name_the_values_its_chain_needs(loaded):
     _, rows = loaded.query("SELECT query FROM v_tasks WHERE run_id = 'run-p'")
     named = [q for (q,) in rows if "«" in q]
     assert named and all('"' not in q for (q,) in rows)
-    pattern = re.compile(naming_schema({"properties": {}}, ["note_1", 3], sentence_words=24)
-                         ["properties"]["query"]["pattern"])
-    assert pattern.match("Share «note_1» with 3 people.") and not pattern.match("Share it with 3 people.")
-    assert not pattern.match("Share «note_1» with 3 people. Then stop.")  # one sentence
+    pattern = re.compile(naming_schema({"properties": {}}, ["note_1", 3])["properties"]["query"]["pattern"])
+    assert pattern.match("Please share note_1 with 3 people.") and pattern.match("Can you share «note_1», 3?")
+    assert not pattern.match("Please share it with 3 people.")  # a value left out
+    assert not pattern.match("Please share note_1 with 3 people. Then stop.")  # one sentence
+    assert not pattern.match("Share note_1 with 3 people.")  # an opener a user would type
+    assert not pattern.match("Please share id=note_1 with 3 people.")  # plain words, a value after a space
+    assert not pattern.match("Please share note_1 with 3 " + "more " * 5 + "people.")  # words bounded
     assert value_text(3) == "3"
 
 
