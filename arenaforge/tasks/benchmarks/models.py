@@ -65,7 +65,7 @@ async def _drive(url: str, n: int, limit: int, wh_path: Path) -> dict[str, Any]:
 
 
 def main(n: int = 4096, limit: int = 128, latency_s: float = 0.3, real: bool = False, model: str = "smollm2-135m",
-         qas: int = 48, chains: int = 10, server_tasks: int = 8, code_qas: int = 4) -> Any:
+         qas: int = 40, chains: int = 10, server_tasks: int = 8, code_qas: int = 2) -> Any:
     """Client throughput against a scripted endpoint (share of `limit` kept busy; goal >= 0.9), or with --real
     the pipeline written by a real model behind the local llama-server (what was kept, by stage, and why).
 

@@ -133,7 +133,7 @@ def _written_by(wh: Warehouse) -> dict[str, Any]:
     return envs[0].provenance.written_by if envs and envs[0].provenance else {}
 
 
-def run(model: str = "smollm2-135m", n: int = 48, chains: int = 10, server_tasks: int = 8, code_qas: int = 4
+def run(model: str = "smollm2-135m", n: int = 40, chains: int = 10, server_tasks: int = 8, code_qas: int = 2
         ) -> dict[str, Any]:
     """Serve `model` with llama-server and run ingest, graph, sft synth/export and envs synth against it."""
     samples = resources.files("arenaforge.tasks.data")

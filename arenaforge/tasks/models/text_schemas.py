@@ -39,7 +39,7 @@ class SentenceBounds:
 def sentence_naming(values: list[str], bounds: SentenceBounds = SentenceBounds(), max_length: int = 400
                     ) -> dict[str, Any]:
     """One sentence a user would type, naming each of `values` in order: an opener (`Can you`, `Please`, ...),
-    then plain words and the values, each value after a space (or in «»), ending in `.`, `?` or `!`.
+    then plain words and the values, each value after a space (or in single quotes), ending in `.`, `?` or `!`.
 
     What a 135M model does without each part (SmolLM2-135M, llama-server, 2026-11-28): with gaps of any text it ran
     on without naming the value until its budget cut the JSON (0 of 5 tasks); with words counted but not their
@@ -52,7 +52,7 @@ def sentence_naming(values: list[str], bounds: SentenceBounds = SentenceBounds()
     if not values:
         return {"type": "string", "maxLength": max_length,
                 "pattern": f"^{opener}{tail}(?:,? {tail}){{0,{bounds.before + bounds.after}}}[.?!]$"}
-    named = [f"«?{_literal(v)}»?" for v in values]
+    named = [f"'?{_literal(v)}'?" for v in values]  # ASCII: llama.cpp's grammar parser refused «»
     pattern = (f"^{opener}(?:{word} ){{0,{bounds.before}}}" + f",? (?:{word} ){{0,{bounds.between}}}".join(named)
                + f"(?:,? {tail}){{0,{bounds.after}}}[.?!]$")
     return {"type": "string", "maxLength": max_length, "pattern": pattern}

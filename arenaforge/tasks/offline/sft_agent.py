@@ -81,9 +81,9 @@ def _plan_episode(inputs: AgentInputs) -> Iterator[ChatMessage]:
 
 
 def stated_value(query: str, name: str, schema: dict[str, Any]) -> Any:
-    """The value the query states for a parameter (`<parameter words> "<value>"`, or `«<value>»` where the query's
+    """The value the query states for a parameter (`<parameter words> "<value>"`, or `'<value>'` where the query's
     schema bars `"`), typed by its schema."""
-    match = re.search(re.escape(humanize(name)) + r'\s+(?:"([^"]*)"|«([^»]*)»)', query, re.IGNORECASE)
+    match = re.search(re.escape(humanize(name)) + r"""\s+(?:"([^"]*)"|'([^']*)')""", query, re.IGNORECASE)
     if match is None:
         return None
     raw = match.group(1) if match.group(1) is not None else match.group(2)

@@ -34,13 +34,12 @@ def write_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: WriteInputs = request.inputs
     by_name = {t.function.name: t for t in inputs.tools}
     rng = inputs.rng
-    if inputs.planned is not None:  # the program chose the tools and values (sft.query_values = program)
-        steps, values, marks = [by_name[n] for n in inputs.planned], inputs.values, "«»"  # its schema bars `"`
-        query = one_sentence(steps, values, marks)  # and asks for one sentence
-    else:
-        steps = [by_name[n] for n in inputs.chain.tools] if inputs.chain is not None else [rng.choice(list(inputs.tools))]
-        values, marks = user_values(steps, rng), '""'
-        query = compose(steps, values, rng, style=None, marks=marks)
+    if inputs.planned is not None:  # the program chose the tools and values (sft.query_values = program): the
+        # schema asks for one sentence and nothing but `query`, and bars `"`
+        return {"query": one_sentence([by_name[n] for n in inputs.planned], inputs.values, "''")}
+    steps = [by_name[n] for n in inputs.chain.tools] if inputs.chain is not None else [rng.choice(list(inputs.tools))]
+    values, marks = user_values(steps, rng), '""'
+    query = compose(steps, values, rng, style=None, marks=marks)
     model.state[("sft.query", inputs.server.name, query)] = (steps, values, marks)  # what the augmentations start from
     return {"query": query, "tools": [t.function.name for t in steps],
             "values": {k: v for vs in values.values() for k, v in vs.items()}}
@@ -75,7 +74,7 @@ def compose(steps: Sequence[Tool], values: dict[str, dict[str, Any]], rng: rando
 
 def one_sentence(steps: Sequence[Tool], values: dict[str, dict[str, Any]], marks: str) -> str:
     """The sentence a program-values schema asks for (`sentence_naming`: an opener, at most `before` plain words
-    before the first value, each value in «»): the tool's purpose in its plain words, cut short, then its values."""
+    before the first value, each value in single quotes): the tool's purpose in its plain words, cut short, then its values."""
     bounds = SentenceBounds()
     parts = []
     for tool in steps:

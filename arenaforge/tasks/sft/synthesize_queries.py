@@ -122,11 +122,13 @@ class WriteInputs:
     values: dict[str, dict[str, Any]] = field(default_factory=dict, compare=False)
 
 
-def naming_schema(base: dict[str, Any], values: Sequence[Any]) -> dict[str, Any]:
-    """`base` (a query schema) with its `query` one sentence that names each value, in the order given (see
-    `sentence_naming`); values a JSON string cannot hold unescaped are left to the words."""
+def naming_schema(values: Sequence[Any]) -> dict[str, Any]:
+    """An answer that is only `query`: one sentence that names each value, in the order given (see
+    `sentence_naming`); values a JSON string cannot hold unescaped are left to the words. No other key: given
+    QUERY_SCHEMA's optional `tools` and `values`, a 135M model went on writing them until its budget cut the JSON."""
     texts = [t for t in (value_text(v) for v in values) if nameable(t)]
-    return {**base, "properties": {**base["properties"], "query": sentence_naming(texts)}}
+    return {"type": "object", "properties": {"query": sentence_naming(texts)}, "required": ["query"],
+            "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,7 @@ class QueryWriter:
             gives = ("The user gives: " + ", ".join(mention(k, v) for k, v in values.items()) + ".") if values else ""
             render = functools.partial(self.write_prompt.render, server=server.title or server.name,
                                        wants=clause(tool), gives=gives)
-            schema = naming_schema(QUERY_SCHEMA, list(values.values()))
+            schema = naming_schema(list(values.values()))
             inputs = WriteInputs(server, tuple(tools), chain, rng, (tool.function.name,), {tool.function.name: values})
             sentences.append((await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs))["query"])
         planned = {k: v for vs in per_tool.values() for k, v in vs.items()}  # two tools may share a parameter name

@@ -274,10 +274,10 @@ def test_program_values_make_every_task_name_the_values_its_chain_needs(loaded):
     refused = [r.detail for r in loaded.load(Rejection, where="run_id = 'run-p'") if r.stage == "write_query"]
     assert not refused, refused  # the offline writer's queries fit the naming schema
     _, rows = loaded.query("SELECT query FROM v_tasks WHERE run_id = 'run-p'")
-    named = [q for (q,) in rows if "«" in q]
+    named = [q for (q,) in rows if "'" in q]
     assert named and all('"' not in q for (q,) in rows)
-    pattern = re.compile(naming_schema({"properties": {}}, ["note_1", 3])["properties"]["query"]["pattern"])
-    assert pattern.match("Please share note_1 with 3 people.") and pattern.match("Can you share «note_1», 3?")
+    pattern = re.compile(naming_schema(["note_1", 3])["properties"]["query"]["pattern"])
+    assert pattern.match("Please share note_1 with 3 people.") and pattern.match("Can you share 'note_1', 3?")
     assert not pattern.match("Please share it with 3 people.")  # a value left out
     assert not pattern.match("Please share note_1 with 3 people. Then stop.")  # one sentence
     assert not pattern.match("Share note_1 with 3 people.")  # an opener a user would type
