@@ -158,14 +158,14 @@ class QueryWriter:
 
         by_name = {t.function.name: t for t in tools}
         steps = [by_name[n] for n in chain.tools] if chain else list(tools)
+        if self.program_values:
+            return [await self._write_clauses(server, tools, chain, steps if chain else [rng.choice(steps)], rng)]
         mode = "chain" if chain else "server"
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
         schema, inputs = QUERY_SCHEMA, WriteInputs(server, tuple(tools), chain, rng)
         render = functools.partial(self.write_prompt.render, server=server.title or server.name,
                                    description=server.description, tools=tool_lines(steps), instruction=instruction)
-        if self.program_values:
-            return [await self._write_clauses(server, tools, chain, steps if chain else [rng.choice(steps)], rng)]
         answer = await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs)
         names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
         values = dict(answer.get("values") or {})
