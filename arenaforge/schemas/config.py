@@ -180,6 +180,10 @@ class SftConfig(_Section):
                                      "them from the tools' parameter schemas and the model writes one sentence per "
                                      "tool whose schema makes it name that tool's values (for small models, which "
                                      "otherwise write no values); no augmentations are written in this mode.")
+    grounded_arguments: bool = Field(
+        default=False, description="The agent's identifier and number arguments are offered as enums of the values "
+                                   "the conversation holds, and a trajectory that calls with one no message gave is "
+                                   "not kept (for small models, which make identifiers up).")
     agent_first_turn: Literal["auto", "required"] = Field(
         default="auto", description="tool_choice of the agent's first turn. required: the first turn calls a tool "
                                     "(every task needs one; a small model otherwise answers at once).")

@@ -43,6 +43,7 @@ RUN_SETTINGS = {
     "ARENAFORGE_SFT__VERIFY_VOTES": "1", "ARENAFORGE_SFT__VERIFY_CHAINS": "rules",  # it never round-trips a chain
     "ARENAFORGE_SFT__QUERY_VALUES": "program",  # the program draws the values; the schema makes the task name them
     "ARENAFORGE_SFT__JUDGE": "rules",  # a 135M model's scores are noise (2023, -1, the example copied)
+    "ARENAFORGE_SFT__GROUNDED_ARGUMENTS": "true",  # it made up ids: 18 of 22 kept trajectories without this
     "ARENAFORGE_SFT__AGENT_FIRST_TURN": "required",  # left free, it answered 5 of 7 tasks without a call
     "ARENAFORGE_MODEL__CALLS_PER_TURN": "1", "ARENAFORGE_SFT__AUGMENTATIONS": "[]",
     "ARENAFORGE_SFT__MAX_TURNS": "2", "ARENAFORGE_SFT__CHAIN_MAX_LEN": "2",

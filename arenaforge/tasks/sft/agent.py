@@ -25,6 +25,7 @@ from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool
 from arenaforge.schemas.reasons import RejectReason
 from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
+from arenaforge.tasks.sft.grounded_arguments import grounded_tools
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
 
@@ -59,8 +60,10 @@ def system_message(server: Server) -> ChatMessage:
 class Agent:
     """The run's model drives the episode: native tool calls, then a final answer."""
 
-    def __init__(self, model: ChatModel, max_turns: int, max_retries: int = 2, first_turn: str = "auto") -> None:
+    def __init__(self, model: ChatModel, max_turns: int, max_retries: int = 2, first_turn: str = "auto",
+                 grounded_arguments: bool = False) -> None:
         self.model = model
+        self.grounded_arguments = grounded_arguments  # identifier and number arguments: the conversation's values
         self.first_turn = None if first_turn == "auto" else first_turn  # the first turn's tool_choice
         self.max_turns = max_turns
         self.max_retries = max_retries
@@ -79,6 +82,8 @@ class Agent:
         for turn in range(self.max_turns + 1):
             last = turn == self.max_turns  # out of tool turns: ask for the answer
             choice = "none" if last else self.first_turn if turn == 0 else None
+            if reads and self.grounded_arguments:
+                specs = grounded_tools(tools, messages)
             response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire if reads else wire[-1:],
                                                              tools=specs, tool_choice=choice,
                                                              max_tokens=ANSWER_TOKENS["sft.agent"], inputs=inputs))

@@ -22,6 +22,7 @@ from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, ToolChain, Trajectory
 from arenaforge.tasks.models import ChatModel, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
+from arenaforge.tasks.sft.grounded_arguments import invented_argument
 
 JUDGE_SCHEMA = {
     "type": "object",
@@ -102,7 +103,8 @@ def _scalars(text: str) -> list[str]:
 
 async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str, Task], chains: dict[str, ToolChain],
                              judge: TrajectoryJudge, keep_threshold: float, run_id: str | None,
-                             provenance: Provenance) -> tuple[list[JudgeScore], list[Rejection]]:
+                             provenance: Provenance, grounded_arguments: bool = False
+                             ) -> tuple[list[JudgeScore], list[Rejection]]:
     async def one(t: Trajectory) -> tuple[dict[str, float], str]:
         task = tasks.get(t.task_id)
         chain = chains.get(task.chain_id) if task and task.chain_id else None
@@ -119,8 +121,10 @@ async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str
         dims, rationale = result
         mean = round(sum(dims[d] for d in JudgeScore.DIMENSIONS) / len(JudgeScore.DIMENSIONS), 4)
         # a model judge's word alone keeps nothing: the conversation itself must show a grounded answer (rules
-        # compute their dimensions from the conversation already)
-        unsupported = ungrounded(t) if judge.kind == "model" else None
+        # compute their dimensions from the conversation already); with grounded arguments, no judge keeps a call
+        # on an identifier or number that no message gave
+        unsupported = ((ungrounded(t) if judge.kind == "model" else None)
+                       or (invented_argument(t.messages) if grounded_arguments else None))
         if unsupported:
             rationale = f"not kept whatever the judge says: {unsupported}. Judge: {rationale}"
         scores.append(JudgeScore(trajectory_id=t.id, judge=judge.kind, **dims, mean=mean,  # type: ignore[arg-type]

@@ -120,7 +120,8 @@ async def run_trajectories(run: RunScope, task_ids: Sequence[str], seed: int = 0
     needs_sandbox = any(has_code(tools[s]) and not servers[s].launch for s in servers)
 
     pool = await run.sandbox() if needs_sandbox else None  # the sandbox runtime, only when some tools have code
-    agent = sft_agent.Agent(run.model, cfg.sft.max_turns, cfg.sft.max_retries_per_call, cfg.sft.agent_first_turn)
+    agent = sft_agent.Agent(run.model, cfg.sft.max_turns, cfg.sft.max_retries_per_call, cfg.sft.agent_first_turn,
+                            cfg.sft.grounded_arguments)
     batch = await sft_agent.run_episodes(tasks, servers, tools, chains, agent, simulator_factory(cfg, run.model), cfg,
                                          seed, run_id, run.provenance(seed), sandbox_pool=pool)
     await asyncio.to_thread(wh.upsert, [*batch.trajectories, *_stamp(batch.rejections, run_id)])
@@ -143,7 +144,7 @@ async def judge(run: RunScope, trajectory_ids: Sequence[str], record_uses: bool 
     async with judging_model(run) as judging:
         scores, rejections = await judge_trajectories.judge_trajectories(
             trajectories, tasks, chains, judge_trajectories.TrajectoryJudge(judging), run.cfg.sft.keep_threshold,
-            run_id, judged_by(run.provenance(), judging))
+            run_id, judged_by(run.provenance(), judging), run.cfg.sft.grounded_arguments)
     await asyncio.to_thread(wh.upsert, [*scores, *_stamp(rejections, run_id)])
     # The walks count as used only once the run's trajectories are judged: a run killed before this point is redone
     # by its re-run with the same chains (the same rows), never skipped for having "used" them.
