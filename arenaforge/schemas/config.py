@@ -103,6 +103,9 @@ class SandboxConfig(_Section):
     call_timeout_s: float = Field(
         default=5.0, gt=0, description="A call's own time limit (time spent waiting for a CPU is not counted)."
     )
+    state_timeout_s: float = Field(
+        default=60.0, gt=0, description="Limit for reading a session's state back (`pool.state`): harness work, not "
+                                        "the tool's time; a multi-megabyte state on a busy worker takes seconds.")
     session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session (an episode).")
     memory_mb: int = Field(default=512, ge=32, description="Address space of one session process.")
     pids: int = Field(default=64, ge=8, description="Processes one session may run.")
@@ -124,6 +127,9 @@ class SandboxConfig(_Section):
         default=10.0, gt=0, description="Limit for loading an environment's code, from when its worker starts it."
     )
     scratch_mb: int = Field(default=64, ge=1, description="Size of each session's private /tmp (and /dev/shm).")
+    scratch_files: int = Field(
+        default=8192, ge=16, description="Files and directories each of a session's private /tmp, /dev/shm and "
+                                         "/var/tmp may hold: empty files cost no size but kernel memory.")
     spare_sessions: int = Field(
         default=3, ge=0, le=16, description="Sessions kept forked, confined and loaded ahead per environment version "
                                             "opened more than once (per worker): opens back to back take one each.")

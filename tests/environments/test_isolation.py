@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -88,8 +89,47 @@ def signal_pid(pid: int):
 
 def pids():
     return sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+
+def touch_many(path: str, n: int):
+    made = 0
+    try:
+        for i in range(n):
+            open(f"{path}/f{i}", "w").close()
+            made += 1
+    except OSError as err:
+        return {"made": made, "errno": errno.errorcode.get(err.errno)}
+    return {"made": made, "errno": None}
+
+def mqueue(name: str, message: str = ""):
+    """Leave `message` in the POSIX queue `name` (made here), or read the queue a neighbour may have left."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mq_open.restype = ctypes.c_int
+    libc.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    qd = libc.mq_open(name.encode(), (0o100 | 2) if message else 2, 0o666, None)  # O_CREAT | O_RDWR, or O_RDWR
+    if qd < 0:
+        return {"errno": errno.errorcode.get(ctypes.get_errno())}
+    if message:
+        libc.mq_send(qd, message.encode(), len(message), 0)
+        return {"sent": message}
+    buf = ctypes.create_string_buffer(1 << 16)
+    got = libc.mq_receive(qd, buf, len(buf), None)
+    return {"read": buf.raw[:got].decode() if got >= 0 else None}
+
+def leave_behind():
+    """What a tool may leave running: children never waited for, a daemon in a session of its own, a sleeper."""
+    import subprocess, time
+    for _ in range(3):
+        if os.fork() == 0:
+            os._exit(0)
+    subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(1000)
+        os._exit(0)
+    return "left"
 '''
-TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids")
+TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
+         "touch_many", "mqueue", "leave_behind")
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
@@ -108,7 +148,7 @@ async def _calls(pool, session, *calls: tuple[str, dict]) -> list[ToolObservatio
 @pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
 def small(request: pytest.FixtureRequest):
     """Small private /tmp per session, so filling one is quick; one worker, so every session shares it."""
-    yield from start_pool(request.param, pool_size=1, scratch_mb=8)
+    yield from start_pool(request.param, pool_size=1, scratch_mb=8, scratch_files=256)
 
 
 def test_scratch_space_is_private_per_session(small: PoolHandle) -> None:
@@ -180,6 +220,98 @@ def test_sysv_ipc_is_private(small: PoolHandle) -> None:
     made, found = small.run(scenario())
     assert made["id"] >= 0
     assert found == {"id": -1, "errno": "ENOENT"}  # another session's segment does not exist here
+
+
+def test_many_empty_files_stop_at_the_file_cap_and_hurt_no_one(small: PoolHandle) -> None:
+    """400,000 empty files (no size at all) held ~400 MB of kernel memory until their session closed (issue 35)."""
+    needs_namespaces(small)
+    pool = small.pool
+
+    async def scenario() -> tuple[list[ToolObservation], ToolObservation]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        made = await _calls(pool, a, ("touch_many", {"path": "/tmp", "n": 5000}),
+                            ("touch_many", {"path": "/dev/shm", "n": 5000}))
+        other = await pool.call(b, "touch_many", {"path": "/tmp", "n": 100})
+        await pool.close(a)
+        await pool.close(b)
+        return made, other
+
+    made, other = small.run(scenario())
+    for obs in made:
+        got = json.loads(obs.output)
+        assert got["errno"] == "ENOSPC" and got["made"] < pool.cfg.scratch_files
+    assert json.loads(other.output) == {"made": 100, "errno": None}  # the neighbour's cap is its own
+
+
+def test_posix_message_queues_are_private_and_gone_with_their_session(small: PoolHandle) -> None:
+    """A queue left by one session was read by a later one through the worker's /dev/mqueue (issue 35)."""
+    needs_namespaces(small)
+    pool = small.pool
+    name = f"/af-{uuid.uuid4().hex[:12]}"
+
+    async def scenario() -> dict[str, object]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        sent = json.loads((await pool.call(a, "mqueue", {"name": name, "message": "MQ-SECRET"})).output)
+        mine = json.loads((await pool.call(a, "mqueue", {"name": name})).output)
+        await pool.call(a, "mqueue", {"name": name, "message": "MQ-SECRET"})  # left behind for the next session
+        await pool.call(a, "write", {"path": f"/dev/mqueue{name}-file"})  # a queue made through the file system
+        a_lists = (await pool.call(a, "listdir", {"path": "/dev/mqueue"})).output
+        b_reads = json.loads((await pool.call(b, "mqueue", {"name": name})).output)
+        b_lists = (await pool.call(b, "listdir", {"path": "/dev/mqueue"})).output
+        await pool.close(a)
+        c = await pool.open(probes_env())
+        c_reads = json.loads((await pool.call(c, "mqueue", {"name": name})).output)
+        await pool.close(b)
+        await pool.close(c)
+        return {"sent": sent, "mine": mine, "a_lists": a_lists, "b_reads": b_reads, "b_lists": b_lists,
+                "c_reads": c_reads}
+
+    got = small.run(scenario())
+    assert got["sent"] == {"sent": "MQ-SECRET"} and got["mine"] == {"read": "MQ-SECRET"}  # queues work in a session
+    assert got["b_reads"] == got["c_reads"] == {"errno": "ENOENT"}  # a neighbour's, or a closed session's: none
+    if os.path.isdir("/dev/mqueue") or small.pool.backend == "docker":  # a /dev/mqueue to look in
+        assert f"{name[1:]}-file" in got["a_lists"] and name[1:] not in got["b_lists"]
+
+
+def _processes_of(uid: int) -> list[str]:
+    """Every process on this kernel with the real uid `uid`, zombies included, as `pid state`: what the host sees."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        except (OSError, ValueError):
+            continue  # not a process, or gone while read
+        if int(fields["Uid"].split()[0]) == uid:
+            found.append(f"{entry} {fields['State'].strip()}")
+    return found
+
+
+def test_nothing_a_session_started_outlives_it(sandbox: PoolHandle) -> None:
+    """Children never waited for, daemons and sleepers: after close, the host sees no process of the session's uid,
+    not even a zombie (issue 35)."""
+    pool = sandbox.pool
+
+    async def scenario() -> tuple[int, str]:
+        session = await pool.open(probes_env())
+        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
+        left = (await pool.call(session, "leave_behind", {})).output
+        await pool.close(session)
+        return uid, left
+
+    uid, left = sandbox.run(scenario())
+    if uid in (0, os.getuid()):
+        pytest.skip("optional: sessions share this uid here (no uid switching), so its processes are not theirs alone")
+    assert left == "left"
+    assert _wait_for_none(uid) == []
+
+
+def _wait_for_none(uid: int) -> list[str]:
+    """The session's processes, once none are left or 30 s have passed (its teardown runs after close returns)."""
+    deadline = time.monotonic() + 30
+    while (found := _processes_of(uid)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition with a deadline
+    return found
 
 
 def test_no_sockets_namespaces_mounts_or_tracing(sandbox: PoolHandle) -> None:

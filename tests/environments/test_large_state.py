@@ -76,3 +76,23 @@ def test_64_opens_at_once_all_succeed(pool2: PoolHandle, retail: Environment) ->
     assert results == ["opened"] * 64 + ["ok"] * 64
     infos = pool2.run(pool2.pool.ping())
     assert all(info["templates"] <= 1 for info in infos)  # however many opens, the state was parsed once per worker
+
+
+def test_a_state_read_has_its_own_limit_not_the_tools(retail: Environment) -> None:
+    """Reading a 7 MB state back is harness work: at 50 sessions on one worker it took longer than a tool's 5 s and
+    the late read reset the session (issue 35). Here a tool gets 20 ms; its state still reads back whole."""
+    for handle in start_pool("process", pool_size=1, call_timeout_s=0.02, output_limit_bytes=16 << 20):
+
+        async def scenario() -> tuple[dict, str, int]:
+            session = await handle.pool.open(retail)
+            try:
+                state, resets = await handle.pool.state(session), session.resets
+                slow = await handle.pool.call(session, "calculate", {"expression": "9**9**7"})
+                return state, slow.outcome, resets
+            finally:
+                await handle.pool.close(session)
+
+        state, slow, resets = handle.run(scenario(), timeout=300)
+        assert state == retail.initial_state
+        assert slow == "timeout"  # the tool's own limit is still 20 ms
+        assert resets == 0  # and the read reset nothing

@@ -87,7 +87,8 @@ class WorkerSlots:
             "memory_mb": cfg.memory_mb, "pids": cfg.pids, "cpu_s": cfg.session_cpu_s,
             "output_limit": cfg.output_limit_bytes, "message_limit": cfg.message_limit_bytes,
             "open_timeout_s": cfg.open_timeout_s, "scratch_root": self.launcher.scratch_root,
-            "scratch_mb": cfg.scratch_mb, "hide_paths": list(self.launcher.hide_paths), "load_stretch": LOAD_STRETCH,
+            "scratch_mb": cfg.scratch_mb, "scratch_files": cfg.scratch_files,
+            "hide_paths": list(self.launcher.hide_paths), "load_stretch": LOAD_STRETCH,
             # random uid ranges keep workers (and pools) from sharing a uid, hence rlimits and kill(-1) sweeps
             "uid_base": random.randrange(100_000 // UID_SLOTS + 1, 2_000_000_000 // UID_SLOTS) * UID_SLOTS
             if self.launcher.can_setuid else 0,

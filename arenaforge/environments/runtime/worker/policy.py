@@ -1,12 +1,12 @@
 """The sandbox policy of one session process, applied before any tool code runs; and its teardown.
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
-  1. leaves the worker's mount and IPC namespaces: a private, size-capped tmpfs on /tmp, /dev/shm
-     and /var/tmp (its scratch space, gone with it), host paths hidden on the process backend (its
-     template's requirement directories bound back read-only under /tmp), no SysV/POSIX IPC shared
-     with other sessions;
+  1. leaves the worker's mount and IPC namespaces: a private tmpfs on /tmp, /dev/shm and /var/tmp,
+     capped in size and in files (its scratch space, gone with it), host paths hidden on the process
+     backend (its template's requirement directories bound back read-only under /tmp), no SysV/POSIX
+     IPC shared with other sessions (its own /dev/mqueue);
   2. drops to its own uid (random in the worker's range), no capabilities;
-  3. gets rlimits (address space, CPU seconds, processes of its uid, no core dumps);
+  3. gets rlimits (address space, CPU seconds, processes and message-queue bytes of its uid, no core dumps);
   4. sets no-new-privileges and a seccomp filter that refuses sockets (no network, no loopback or
      abstract-socket channel to another session) and namespace, mount, ptrace, bpf, keyring,
      io_uring and module syscalls (so it cannot undo 1-2 with what the container allows);
@@ -32,6 +32,8 @@ MS_REMOUNT, MS_BIND = 32, 4096
 SHARED_MOUNT = "/tmp/.site-{}"  # where a session sees the i-th read-only directory its template shares (requirements)
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
+MQUEUE_DIR = "/dev/mqueue"
+MSGQUEUE_BYTES = 256 << 10  # POSIX queue bytes per session uid (RLIMIT_MSGQUEUE): two queues of default size
 
 # seccomp: syscalls a session never needs and that could undo its isolation, per architecture. socket() is among
 # them: a session has no network, and a socket it cannot make is no loopback or abstract-socket channel to another
@@ -193,10 +195,16 @@ def _private_mounts(owner: int, limits: dict, shared: list[str] | tuple = ()) ->
     _check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
     shared = list(shared) if limits.get("bind_shared") else []
     sources = [os.open(path, os.O_PATH | os.O_DIRECTORY) for path in shared]  # reachable still once they are hidden
-    opts = f"size={int(limits['scratch_mb'])}m,mode=0700,uid={owner},gid={owner}".encode()
+    files = int(limits.get("scratch_files") or 8192)  # empty files cost no size, but an inode of kernel memory each
+    opts = f"size={int(limits['scratch_mb'])}m,nr_inodes={files},mode=0700,uid={owner},gid={owner}".encode()
     for path in PRIVATE_DIRS:
         if os.path.isdir(path):
             _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), f"tmpfs on {path}")
+    if os.path.isdir(MQUEUE_DIR):
+        # /dev/mqueue still shows the worker's IPC namespace: a queue made through it outlived its session and a
+        # later session read its message. A fresh mount shows this session's own namespace, gone with it.
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _check(libc.mount(b"mqueue", MQUEUE_DIR.encode(), b"mqueue", flags, None), f"mqueue on {MQUEUE_DIR}")
     for path in limits.get("hide_paths") or ():
         if os.path.isdir(path):
             flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
@@ -273,6 +281,7 @@ def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if uid:
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (MSGQUEUE_BYTES, MSGQUEUE_BYTES))
         resource.setrlimit(resource.RLIMIT_NPROC, (int(limits["pids"]), int(limits["pids"])))
     else:  # shared uid: allow what the user already runs plus this session's budget
         nproc = count_user_procs() + int(limits["pids"])
