@@ -60,3 +60,19 @@ def test_bad_sft_file_is_an_input_error(tmp_path):
     bad.write_text('{"nope": 1}\n')
     with pytest.raises(InputError, match="messages"):
         load_examples(bad)
+
+
+def test_bf16_mixed_precision_lowers_loss_and_keeps_fp32_weights(tmp_path, data):
+    import torch
+    from safetensors.torch import load_file
+
+    cfg = SftConfig(out_dir=str(tmp_path / "bf16"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=4,
+                    precision="bf16")
+    summary = train_sft(cfg, tiny_model_path(), data)
+    assert summary.metrics[-1]["loss"] < summary.metrics[0]["loss"]
+    plain = train_sft(SftConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "fp32"), "precision": "fp32",
+                                   "max_steps": 1}), tiny_model_path(), data)
+    first_bf16, first_fp32 = summary.metrics[0]["loss"], plain.metrics[0]["loss"]
+    assert first_bf16 != first_fp32 and abs(first_bf16 - first_fp32) < 0.05 * first_fp32  # same step, bf16 matmuls
+    weights = load_file(str(next((tmp_path / "bf16").rglob("model.safetensors"))))
+    assert {t.dtype for t in weights.values()} == {torch.float32}  # the master weights, not bf16 copies
