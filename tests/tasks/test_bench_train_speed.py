@@ -13,11 +13,14 @@ from arenaforge.flows.cli import app
 
 def test_bench_train_speed_reports_each_variant_and_generation() -> None:
     result = CliRunner().invoke(app, ["bench", "train_speed", "--policy", "tiny", "--seq", "32", "--steps", "1",
-                                      "--variants", "full-fp32,full-bf16", "--gen-batch", "2", "--gen-tokens", "3"])
+                                      "--variants", "full-fp32,full-bf16,lora-bf16", "--gen-batch", "2", "--gen-tokens", "3"])
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
-    assert [t["variant"] for t in got["train"]] == ["full-fp32", "full-bf16"]
-    assert all(t["tokens_per_s"] > 0 and t["trained_parameters"] == t["parameters"] for t in got["train"])
+    full_fp32, full_bf16, lora = got["train"]
+    assert [full_fp32["variant"], full_bf16["variant"], lora["variant"]] == ["full-fp32", "full-bf16", "lora-bf16"]
+    assert all(t["tokens_per_s"] > 0 for t in got["train"])
+    assert full_fp32["trained_parameters"] == full_bf16["trained_parameters"] == full_fp32["parameters"]
+    assert 0 < lora["trained_parameters"] < lora["parameters"]  # adapters only
     assert got["train"][0]["vs_full_fp32"] == 1.0 and "vs_full_fp32" in got["train"][1]
     assert got["generate"]["requests"] == 2 and 2 <= got["generate"]["tokens"] <= 6
 

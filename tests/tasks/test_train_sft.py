@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
@@ -76,3 +77,22 @@ def test_bf16_mixed_precision_lowers_loss_and_keeps_fp32_weights(tmp_path, data)
     assert first_bf16 != first_fp32 and abs(first_bf16 - first_fp32) < 0.05 * first_fp32  # same step, bf16 matmuls
     weights = load_file(str(next((tmp_path / "bf16").rglob("model.safetensors"))))
     assert {t.dtype for t in weights.values()} == {torch.float32}  # the master weights, not bf16 copies
+
+
+def test_lora_trains_adapters_saves_a_merged_model_and_resumes(tmp_path, data):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = SftConfig(out_dir=str(tmp_path / "lora"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2, lora_rank=4)
+    first = train_sft(cfg, tiny_model_path(), data)
+    assert first.last_step == 4 and first.metrics[-1]["loss"] < first.metrics[0]["loss"]
+    ckpt = tmp_path / "lora" / "step-000004"
+    weights, base = load_file(str(ckpt / "model.safetensors")), load_file(str(tiny_model_path() / "model.safetensors"))
+    assert weights.keys() == base.keys()  # a plain model: no adapter keys, loadable by anything
+    changed = [k for k in base if not torch.equal(weights[k], base[k])]
+    assert changed and all(k.endswith(".weight") and ("proj" in k or "lm_head" in k) for k in changed)
+    assert not any("norm" in k or "embed" in k for k in changed)  # only linear layers moved: adapters, merged
+    AutoModelForCausalLM.from_pretrained(str(ckpt))
+    more = train_sft(SftConfig(**{**cfg.__dict__, "epochs": 5}), tiny_model_path(), data)
+    assert (more.first_step, more.last_step) == (5, 5) and more.resumed_from.endswith("step-000004")
+    assert more.metrics[0]["loss"] < first.metrics[0]["loss"]  # resumed with its adapters, not from scratch

@@ -150,7 +150,9 @@ def sft_cmd(
     max_length: int = typer.Option(4096, help="Tokens per example (longer ones are cut)."),
     checkpoint_every: int = typer.Option(50, help="Save weights every k steps."),
     precision: str = typer.Option("fp32", help="fp32, or bf16: mixed precision (bf16 autocast, fp32 weights and "
-                                  "optimizer), ~2.2x faster for SmolLM2-135M on a CPU with AMX."),
+                                  "optimizer), 1.2-2.2x faster for SmolLM2-135M on a CPU with AMX."),
+    lora_rank: int = typer.Option(0, help="0: train every weight; r > 0: LoRA adapters of rank r on every linear "
+                                  "layer (needs peft: arenaforge[lora]); checkpoints hold the merged model."),
 ) -> None:
     """Supervised fine-tuning with loss on assistant tokens only."""
     from arenaforge.flows.train_flows import train_sft
@@ -161,5 +163,5 @@ def sft_cmd(
     with flag_errors("train sft"):
         params = SftParams(**_common(ctx), data=data, model_path=model_path, experiment=experiment, out_dir=out_dir,
                            epochs=epochs, max_steps=max_steps, batch_size=batch_size, lr=lr, max_length=max_length,
-                           checkpoint_every=checkpoint_every, precision=precision)
+                           checkpoint_every=checkpoint_every, precision=precision, lora_rank=lora_rank)
     _echo(train_sft(params))

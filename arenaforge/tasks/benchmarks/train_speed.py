@@ -5,7 +5,8 @@ Training runs the SFT trainer's own step (`train.sft.sft_loss`, AdamW, gradient 
 token ids drawn at random (throughput does not depend on the text). Generation runs the hf engine (`policy.hf`:
 requests micro-batched, decoded over the KV cache) on `batch` concurrent chat prompts. The FLOP figure is the usual
 6 x parameters per trained token (2 forward, 4 backward), so `gflop_per_s` says how close a variant comes to the
-machine. LoRA variants need `peft` (`pip install peft`); without it they are reported as skipped.
+machine. LoRA variants (rank 16, every linear layer) need `peft` (`arenaforge[lora]`); without it they are
+reported as skipped.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Any
 
 import torch
 
-from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.errors import ConfigError, InputError
 from arenaforge.tasks.train.base_models import policy_path
-from arenaforge.tasks.train.sft import sft_loss
+from arenaforge.tasks.train.sft import sft_loss, with_lora
 
 VARIANTS = ("full-fp32", "full-bf16", "lora-fp32", "lora-bf16")
+LORA_RANK = 16
 
 
 def _cpu_flags() -> list[str]:
@@ -41,10 +43,9 @@ def _train(path: str, variant: str, seq: int, steps: int) -> dict[str, Any]:
     params = sum(p.numel() for p in model.parameters())
     if variant.startswith("lora"):
         try:
-            from peft import LoraConfig, get_peft_model
-        except ImportError:
-            return {"variant": variant, "skipped": "peft is not installed (pip install peft)"}
-        model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
+            model = with_lora(model, LORA_RANK)  # the trainer's own (`train sft --lora-rank`)
+        except ConfigError as err:
+            return {"variant": variant, "skipped": str(err)}
     model.train()
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=1e-5)

@@ -8,11 +8,16 @@ restores model, optimizer, scheduler and the position in the data.
 
 `precision = "bf16"` runs the forward and backward passes under bf16 autocast (mixed precision: the weights, their
 gradients and AdamW's state stay fp32, and so do the saved checkpoints). On a CPU with AMX, SmolLM2-135M then trains
-at ~2.2x the fp32 rate (`arenaforge bench train_speed`, docs/TRAINING.md).
+at 1.2-2.2x the fp32 rate (`arenaforge bench train_speed`, docs/TRAINING.md).
+
+`lora_rank = r` trains LoRA adapters (peft; rank r, alpha 2r, every linear layer) instead of all weights. Each
+checkpoint holds the merged model, so eval, the hf engine and vLLM load it as any model; its trainer state holds the
+adapters, so a resume starts from the base model and the saved adapters, with their optimizer state.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import random
@@ -23,7 +28,7 @@ from typing import Any
 
 import torch
 
-from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.errors import ConfigError, InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.warehouse import Warehouse
@@ -48,6 +53,7 @@ class SftConfig:
     seed: int = 0
     device: str = "cpu"
     precision: str = "fp32"  # "bf16": forward and backward under bf16 autocast; weights and optimizer stay fp32
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank on every linear layer; checkpoints are merged
 
 
 @dataclass
@@ -123,6 +129,20 @@ def sft_loss(model: Any, ids: torch.Tensor, attn: torch.Tensor, target: torch.Te
     return (nll * mask).sum() / tokens.clamp(min=1.0), int(tokens)
 
 
+def with_lora(model: Any, rank: int) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ConfigError("LoRA needs peft: pip install 'arenaforge[lora]'") from None
+    return get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear",
+                                            lora_dropout=0.0))
+
+
+def merged(model: Any) -> Any:
+    """A plain model with the adapters folded in (a copy: training goes on with the adapters)."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
 def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh: Warehouse | None = None,
               run_id: str | None = None) -> SftSummary:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,14 +151,18 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
     saved = manager.latest_resumable()
     source = str(saved.path) if saved else str(model_path)
-    model = AutoModelForCausalLM.from_pretrained(source).to(cfg.device)
+    # LoRA resumes from the base model and the saved adapters: the checkpoint's merged weights have them folded in
+    model = AutoModelForCausalLM.from_pretrained(str(model_path) if cfg.lora_rank else source).to(cfg.device)
+    if cfg.lora_rank:
+        model = with_lora(model, cfg.lora_rank)
     tokenizer = AutoTokenizer.from_pretrained(source)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     encoded = [encode(tokenizer, ex, cfg.max_length) for ex in load_examples(data_path)]
     rows = [e for e in encoded if e is not None]
     if not rows:
         raise InputError(f"{data_path}: no example has an assistant token")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr)
     warmup = cfg.warmup_steps
     per_epoch = -(-len(rows) // cfg.batch_size)
     total = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
@@ -154,6 +178,12 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
     step = 0
     if saved is not None:
         state, meta = CheckpointManager.load_state(saved)
+        if cfg.lora_rank:
+            from peft import set_peft_model_state_dict
+
+            if "adapter" not in state:
+                raise InputError(f"{saved.path}: not a LoRA checkpoint; resume it without --lora-rank")
+            set_peft_model_state_dict(model, state["adapter"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step = int(meta["step"])
@@ -171,7 +201,7 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
             loss, tokens = sft_loss(model, ids, attn, target)
         loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm))
         optimizer.step()
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
@@ -183,8 +213,13 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
         records: list[Any] = [TrainStep(experiment=out.name, algorithm="sft", step=step, policy=source,
                                         metrics=metrics, run_id=run_id)]
         if manager.due(step, last=step == total):
-            ckpt = manager.save(step, model, tokenizer, {"optimizer": optimizer.state_dict(),
-                                                        "scheduler": scheduler.state_dict()}, {"algorithm": "sft"})
+            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            if cfg.lora_rank:
+                from peft import get_peft_model_state_dict
+
+                state["adapter"] = get_peft_model_state_dict(model)
+            ckpt = manager.save(step, merged(model) if cfg.lora_rank else model, tokenizer, state,
+                                {"algorithm": "sft", "lora_rank": cfg.lora_rank})
             records.append(Checkpoint(experiment=out.name, algorithm="sft", step=step, path=str(ckpt.path),
                                       has_optimizer=True, run_id=run_id))
         if wh is not None:
