@@ -27,7 +27,7 @@ DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
                  "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching",
-                 "stray")
+                 "stray", "fault")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -43,7 +43,8 @@ class Session:
         self.isolated = self.dying = self.watching = False
         self.spare = False  # forked ahead of an open (server._prepare_spare)
         self.status: int | None = None
-        self.stray = 0  # bytes of lines that were not the reply, since the request in flight was sent
+        self.stray = 0  # bytes of lines that were not the reply, since the last request was sent
+        self.fault = ""  # tool code ended the process between calls (a flood): the next call is that `limit`
 
 
 class SessionServer:
@@ -120,6 +121,13 @@ class SessionServer:
                 sess.lost = ""
                 self._pump(sess)
                 return
+            if sess.fault and req.get("op") == "call":  # the tool's own doing, so the tool's outcome
+                sess.queue.pop(0)
+                self.reply({"id": req["id"], "outcome": "limit", "output": "", "error": sess.fault,
+                            "truncated": False})
+                sess.fault = ""
+                self._pump(sess)
+                return
             if req.get("op") == "open":
                 sess.queue.pop(0)
             else:
@@ -169,8 +177,15 @@ class SessionServer:
         data = sess.rbuf + chunk
         if sess.isolated and sess.pending is None:
             # no call in flight, so no line is a reply: tool code left writing (a background process). Dropped
-            # in one step, so a flood costs the worker a copy, not a parse per line.
-            sess.rbuf = data[data.rfind(b"\n") + 1:]
+            # in one step, so a flood costs the worker a copy, not a parse per line; and counted, so a flood is
+            # stopped at the bound rather than read to its end (1.3 GB of newlines starved a neighbour's calls)
+            cut = data.rfind(b"\n") + 1
+            sess.stray += cut
+            sess.rbuf = data[cut:]
+            if self._flooded(sess, limit):
+                self._kill(sess)
+                sess.fault = ("the session process flooded its reply channel between calls; the session restarts "
+                              "from its initial state")
             return
         *lines, sess.rbuf = data.split(b"\n")  # one pass: cutting a line at a time was quadratic
         sock = sess.sock
@@ -185,9 +200,14 @@ class SessionServer:
                 self._answered(sess, msg)
             else:
                 sess.stray += len(line) + 1
-        if sess.sock is sock and (len(sess.rbuf) > 20 * limit + (1 << 20) or sess.stray > 20 * limit + (1 << 20)):
-            # an honest reply is bounded by the output limit and is the only line: this is tool code writing
+        if sess.sock is sock and self._flooded(sess, limit):
             self._tool_fault(sess, "the session process flooded its reply channel", "limit")
+
+    @staticmethod
+    def _flooded(sess: Session, limit: int) -> bool:
+        """An honest reply is bounded by the output limit and is the only line: past this, tool code is writing."""
+        bound = 20 * limit + (1 << 20)
+        return len(sess.rbuf) > bound or sess.stray > bound
 
     def _isolated(self, sess: Session, line: bytes) -> None:
         try:
