@@ -27,7 +27,8 @@ _TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:/+-]*[A-Za-z0-9]|[A-Za-z0-9]")
 _MAX_ENUM = 48  # a conversation's candidates; llama.cpp turns each into a grammar alternative
 
 
-def _scalars(data: Any) -> Iterable[Any]:
+def json_leaves(data: Any) -> Iterable[Any]:
+    """The scalar leaves of parsed JSON (no nulls, no booleans)."""
     stack = [data]
     while stack:
         item = stack.pop()
@@ -48,7 +49,7 @@ def conversation_values(messages: Sequence[ChatMessage]) -> tuple[list[str], lis
             continue
         text = m.content
         try:
-            leaves = list(_scalars(json.loads(text)))
+            leaves = list(json_leaves(json.loads(text)))
         except ValueError:
             leaves = []
         for leaf in leaves:

@@ -22,7 +22,7 @@ from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, ToolChain, Trajectory
 from arenaforge.tasks.models import ChatModel, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
-from arenaforge.tasks.sft.grounded_arguments import invented_argument
+from arenaforge.tasks.sft.grounded_arguments import invented_argument, json_leaves
 
 JUDGE_SCHEMA = {
     "type": "object",
@@ -88,17 +88,7 @@ def _scalars(text: str) -> list[str]:
         data = json.loads(text)
     except ValueError:
         return [text.strip()]
-    out: list[str] = []
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif item is not None and not isinstance(item, bool):
-            out.append(str(item))
-    return out
+    return [str(leaf) for leaf in json_leaves(data)]
 
 
 async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str, Task], chains: dict[str, ToolChain],
