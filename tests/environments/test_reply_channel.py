@@ -157,7 +157,8 @@ def test_newlines_poured_between_calls_cost_a_neighbour_nothing(sandbox: PoolHan
     """Tool code that leaves a thread writing bare newlines into its channel while no call is pending: the
     worker drops them in one step (cutting a line at a time was quadratic, and neighbours' trivial calls timed out
     after 7-21 s) and stops the session at the flood bound instead of reading all 1.3 GB; the flooder's next call
-    is its tool's `limit` (or, where the newlines beat the reply out, the pouring call itself: CI saw that once)."""
+    is its tool's `limit` (or, where the newlines beat the reply out under load, the pouring call itself is its
+    tool's `limit` or `timeout`: CI saw that once). The neighbour's calls are fine either way."""
     pool = sandbox.pool
 
     async def scenario() -> tuple[ToolObservation, list[ToolObservation], ToolObservation]:
@@ -175,8 +176,10 @@ def test_newlines_poured_between_calls_cost_a_neighbour_nothing(sandbox: PoolHan
     flooded = [o for o in (started, own) if o.outcome == "limit" and "flooded its reply channel" in (o.error or "")]
     if started.outcome == "ok":  # the flood came after the reply: stopped between calls, or during the next one
         assert started.output == "pouring" and flooded == [own], own
-    else:  # under load the thread's newlines can beat the reply out: that call is the limit, the next one is fresh
-        assert flooded == [started] and (own.outcome, own.output) == ("ok", "fine"), (started, own)
+    else:  # under load the newlines can beat the reply out: that call is its tool's failure (the flood bound, or
+        # its time spent blocked behind its own flood), and the next one finds the session fresh
+        assert flooded == [started] or started.outcome == "timeout", started
+        assert (own.outcome, own.output) == ("ok", "fine"), own
     assert sandbox.pool.replaced == 0
 
 
