@@ -152,7 +152,7 @@ def sft_cmd(
     precision: str = typer.Option("fp32", help="fp32, or bf16: mixed precision (bf16 autocast, fp32 weights and "
                                   "optimizer), 1.2-2.2x faster for SmolLM2-135M on a CPU with AMX."),
     lora_rank: int = typer.Option(0, help="0: train every weight; r > 0: LoRA adapters of rank r on every linear "
-                                  "layer (needs peft: arenaforge[lora]); checkpoints hold the merged model."),
+                                  "layer (needs peft: the lora extra); checkpoints hold the merged model."),
 ) -> None:
     """Supervised fine-tuning with loss on assistant tokens only."""
     from arenaforge.flows.train_flows import train_sft
