@@ -16,6 +16,7 @@ declare -A steps=(
   [harbor]="bash scripts/setup-harbor.sh"        # the real Harbor CLI runs our Harbor exports (test_harbor_cli.py)
   [openenv]="bash scripts/setup-openenv.sh"      # OpenEnv's own client drives our OpenEnv servers (test_openenv.py)
   [verifiers]="bash scripts/setup-verifiers.sh"  # verifiers' own vf-eval scores our verifiers export (test_verifiers.py)
+  [bfcl]="bash scripts/setup-bfcl.sh"            # bfcl-eval's own AST checker scores BFCL answers (test_bfcl.py)
   [sandbox]="bash scripts/sandbox-engine.sh"     # system packages, the Docker engine and the sandbox image
 )
 declare -A pids=()

@@ -75,6 +75,16 @@ def require_bfcl() -> None:
         skip_or_fail("bfcl-eval is not installed (scripts/setup.sh: pip install --no-deps bfcl-eval==2026.3.23)")
 
 
+def require_bfcl_checker() -> str:
+    """The Python of bfcl-eval's own venv, whose AST checker scores BFCL answers (scripts/setup-bfcl.sh; CI runs it)."""
+    from arenaforge.tasks.rollout.bfcl import official_checker
+
+    python = official_checker()
+    if python is None:
+        skip_or_fail("bfcl-eval's checker is not installed (bash scripts/setup-bfcl.sh)")
+    return python
+
+
 def require_local_engine() -> None:
     """llama-server and SmolLM2's weights, installed by scripts/setup-llm.sh (CI runs it)."""
     import importlib.util

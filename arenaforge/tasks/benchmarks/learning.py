@@ -83,8 +83,9 @@ async def _bfcl(paths: dict[str, str], limit: int, ground: bool = True) -> dict[
         started = time.perf_counter()
         tokenizer = AutoTokenizer.from_pretrained(path)
         engine = HfEngine(AutoModelForCausalLM.from_pretrained(path), tokenizer, policy=path)
-        out[label] = {**await evaluate_bfcl(engine, tokenizer, items, ground=ground),
-                      "seconds": round(time.perf_counter() - started, 1)}
+        result = await evaluate_bfcl(engine, tokenizer, items, ground=ground)
+        out[label] = {k: v for k, v in result.items() if k not in ("per_item", "answers")} | {
+            "seconds": round(time.perf_counter() - started, 1)}
     return out
 
 

@@ -1,11 +1,13 @@
 """BFCL single-turn evaluation: simple, multiple and parallel, scored by AST match against the possible answers.
 
 An external yardstick the policy never trained on. Each BFCL question is one user turn and a
-list of functions; the policy answers once (greedy), its `<tool_call>` blocks are parsed with the
-same parser rollouts use, and the calls are matched the way BFCL's AST checker does: the right
-function names, no unknown parameter, every required parameter present, every value among the
-possible answers ("" listed = may be omitted; strings compared without case, spaces and
-punctuation; 5 equals 5.0). `parallel` needs every expected call exactly once, in any order.
+list of functions; the policy answers once (greedy) in the Hermes `<tool_call>` format its chat template
+asks for. The answers are scored by bfcl-eval's own code when `scripts/setup-bfcl.sh` has installed it
+(`bfcl_official_check.py`: its Qwen FC handler's `decode_ast`, then its `ast_checker`), and always also by
+our matcher (`calls_match`: the same parser rollouts use, matched the way BFCL's checker does: the right
+function names, no unknown parameter, every required parameter present, every value among the possible
+answers; `parallel` needs every expected call exactly once, in any order). The result names its scorer and
+how often the two agree.
 
 Data, in order: the `bfcl-eval` package's own data (optional extra `bfcl`), else
 `<shared data>/bfcl_single_turn` (the same files, `../shared/data` beside a clone); otherwise
@@ -16,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -42,6 +46,7 @@ class BfclItem:
     messages: list[dict[str, str]]
     functions: list[FunctionDoc]
     ground_truth: list[dict[str, dict[str, list[Any]]]]  # [{function name: {param: [possible values]}}]
+    raw_functions: list[dict[str, Any]]  # as BFCL ships them: its own checker reads these
 
 
 def data_dir(shared_data: str | Path | None = None) -> tuple[Path, str]:
@@ -88,7 +93,7 @@ def load_bfcl(categories: Sequence[str] = tuple(CATEGORIES), limit: int | None =
             if row["id"] not in answers or any(f is None for f in functions) or len(row["question"]) != 1:
                 continue
             items.append(BfclItem(row["id"], category, list(row["question"][0]), functions,  # type: ignore[arg-type]
-                                  answers[row["id"]]))
+                                  answers[row["id"]], row["function"]))
             taken += 1
             if limit is not None and taken >= limit:
                 break
@@ -174,28 +179,62 @@ def prompt_ids(tokenizer: Any, item: BfclItem) -> list[int]:
 async def evaluate_bfcl(engine: PolicyEngine, tokenizer: Any, items: Sequence[BfclItem], *, max_tokens: int = 128,
                         max_prompt_tokens: int = 2048, constrain: bool = True,
                         ground: bool = True) -> dict[str, Any]:
-    """Accuracy per category (and their mean) of `engine` answering each item once, greedily."""
+    """Accuracy per category (and their mean) of `engine` answering each item once, greedily; `per_item` verdicts
+    (None: the prompt is longer than `max_prompt_tokens`, counted apart) for paired comparisons."""
 
-    async def one(item: BfclItem) -> bool | None:
+    async def one(item: BfclItem) -> str | None:
         ids = prompt_ids(tokenizer, item)
         if len(ids) > max_prompt_tokens:
             return None  # too long for this policy's context: counted apart, not as wrong
         tools = tool_specs(item.functions) if constrain else None  # calls decoded to this item's functions
         gen = await engine.generate(ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0, tools=tools,
                                                           ground_arguments=ground))
-        text = tokenizer.decode(gen.token_ids, skip_special_tokens=False).removesuffix(IM_END)
-        return calls_match(parse_tool_calls(text, [f.name for f in item.functions]), item.ground_truth, item.functions)
+        return tokenizer.decode(gen.token_ids, skip_special_tokens=False).removesuffix(IM_END)
 
-    results = await asyncio.gather(*(one(item) for item in items))
+    texts = dict(zip((item.id for item in items), await asyncio.gather(*(one(item) for item in items)), strict=True))
+    ours = {item.id: None if texts[item.id] is None else
+            calls_match(parse_tool_calls(texts[item.id], [f.name for f in item.functions]), item.ground_truth,
+                        item.functions) for item in items}
+    python = official_checker()
+    official = score_official(python, items, texts) if python else None
+    verdicts = official if official is not None else ours
     by_category: dict[str, dict[str, Any]] = {}
-    for item, ok in zip(items, results, strict=True):
+    for item in items:
         row = by_category.setdefault(item.category, {"items": 0, "correct": 0, "too_long": 0})
-        if ok is None:
+        if verdicts[item.id] is None:
             row["too_long"] += 1
             continue
         row["items"] += 1
-        row["correct"] += int(ok)
+        row["correct"] += int(bool(verdicts[item.id]))
     for row in by_category.values():
         row["accuracy"] = round(row["correct"] / row["items"], 4) if row["items"] else 0.0
     accuracies = [row["accuracy"] for row in by_category.values()]
-    return {"categories": by_category, "accuracy": round(sum(accuracies) / len(accuracies), 4) if accuracies else 0.0}
+    scored = [i for i, v in verdicts.items() if v is not None]
+    return {"categories": by_category, "accuracy": round(sum(accuracies) / len(accuracies), 4) if accuracies else 0.0,
+            "scorer": "bfcl-eval ast_checker" if official is not None else
+            "arenaforge matcher (bfcl-eval's checker not installed: bash scripts/setup-bfcl.sh)",
+            "matcher_agrees": sum(ours[i] == verdicts[i] for i in scored) if official is not None else None,
+            "per_item": verdicts, "answers": texts}
+
+
+def official_checker() -> str | None:
+    """The Python of bfcl-eval's venv (`scripts/setup-bfcl.sh`; BFCL_PYTHON overrides), or None when absent."""
+    given = os.environ.get("BFCL_PYTHON")
+    if given:
+        return given
+    cache = Path(os.environ.get("ARENAFORGE_CACHE") or Path.home() / ".cache" / "arenaforge")
+    python = cache / "bfcl-eval" / "venv" / "bin" / "python"
+    return str(python) if python.is_file() else None
+
+
+def score_official(python: str, items: Sequence[BfclItem], texts: dict[str, str | None]) -> dict[str, bool | None]:
+    """{item id: valid} from bfcl-eval's own decoder and AST checker, run by `python` (None: not answered)."""
+    rows = [json.dumps({"id": item.id, "category": CATEGORIES[item.category], "function": item.raw_functions,
+                        "possible_answer": item.ground_truth, "result": texts[item.id]})
+            for item in items if texts[item.id] is not None]
+    script = Path(__file__).with_name("bfcl_official_check.py")
+    done = subprocess.run([python, str(script)], input="\n".join(rows), capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"bfcl-eval's checker failed (exit {done.returncode}): {done.stderr[-2000:]}")
+    verdicts = json.loads(done.stdout)
+    return {item.id: None if texts[item.id] is None else verdicts[item.id]["valid"] for item in items}
