@@ -230,3 +230,20 @@ def train_sft(cfg: SftConfig, model_path: str | Path, data_path: str | Path, wh:
             log.info(f"sft {out.name} step {step}/{total}: loss {metrics['loss']:.4f}, lr {lr:.2g}, "
                      f"{metrics['tokens_per_s']:.0f} tokens/s")
     return summary
+
+
+def validation_loss(model_path: str | Path, data_path: str | Path, max_length: int = 4096, batch_size: int = 4,
+                    precision: str = "fp32") -> float:
+    """Mean assistant-token loss of `model_path` on `data_path` (no gradient): what picks a checkpoint, never test."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rows = [e for e in (encode(tokenizer, ex, max_length) for ex in load_examples(data_path)) if e is not None]
+    total, tokens = 0.0, 0
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        for start in range(0, len(rows), batch_size):
+            loss, n = sft_loss(model, *_collate(rows[start:start + batch_size], pad_id))
+            total, tokens = total + float(loss) * n, tokens + n
+    return total / max(tokens, 1)
