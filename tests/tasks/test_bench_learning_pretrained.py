@@ -40,7 +40,7 @@ def test_one_command_trains_and_measures_a_pretrained_policy(tmp_path: Path) -> 
     out = tmp_path / "run"
     done = subprocess.run([*CLI, "--out", str(out), "--policy", "tiny", "--n", "20", "--chains-per-server", "2",
                            "--sft-epochs", "2", "--lora-rank", "0", "--grpo-steps", "1", "--group-size", "2",
-                           "--batch-groups", "1", "--eval-limit", "2", "--bfcl-limit", "1"],
+                           "--batch-groups", "1", "--eval-limit", "2", "--bfcl-limit", "1", "--bfcl-constrained"],
                           capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
@@ -55,6 +55,7 @@ def test_one_command_trains_and_measures_a_pretrained_policy(tmp_path: Path) -> 
     assert bfcl["scorer"] == "bfcl-eval ast_checker" and bfcl["decoding"] == "free (greedy)"
     assert all(bfcl[stage]["items"] == 3 for stage in ("untrained", "sft", "sft + grpo"))
     assert bfcl["sft_minus_untrained"]["items"] == 3 and bfcl["grpo_minus_sft"]["items"] == 3
+    assert set(bfcl["constrained_and_grounded"]) == {"untrained", "sft", "sft + grpo"}  # beside free, never instead
     card = (out / "MODEL_CARD.md").read_text()
     assert "| sft + grpo |" in card and sft["chosen_checkpoint"] in card
 

@@ -56,7 +56,8 @@ def split_export(path: Path, share: float, seed: int) -> tuple[Path, Path, int, 
 
 
 async def bfcl_of(path: str, items: list[Any], constrain: bool = False) -> dict[str, Any]:
-    """BFCL single-turn of the policy at `path`, greedy; free decoding unless `constrain`."""
+    """BFCL single-turn of the policy at `path`, greedy; free decoding unless `constrain` (calls decoded to the item's
+    tools and schema keys, top-level argument values copied from the question)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from arenaforge.tasks.policy.hf import HfEngine
@@ -65,7 +66,7 @@ async def bfcl_of(path: str, items: list[Any], constrain: bool = False) -> dict[
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(path)
     engine = HfEngine(AutoModelForCausalLM.from_pretrained(path), tokenizer, policy=path, constrain=constrain)
-    result = await evaluate_bfcl(engine, tokenizer, items, constrain=constrain, ground=False)
+    result = await evaluate_bfcl(engine, tokenizer, items, constrain=constrain, ground=constrain)
     return {**result, "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -80,7 +81,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                sft_epochs: int = 3, sft_lr: float = 2e-4, sft_batch_size: int = 2, lora_rank: int = 16,
                sft_max_length: int = 2048, validation_share: float = 0.1, grpo_steps: int = 4, grpo_lr: float = 2e-6,
                group_size: int = 8, batch_groups: int = 2, test_share: float = 0.2, eval_limit: int = 40,
-               bfcl_limit: int = 20, sandbox: str = "process", seed: int = 0) -> dict[str, Any]:
+               bfcl_limit: int = 20, bfcl_constrained: bool = False, sandbox: str = "process",
+               seed: int = 0) -> dict[str, Any]:
     """A real pretrained policy: SFT on the project's export, then GRPO on its environments; BFCL single-turn
     (free decoding) before and after each, and held-out test F1, with paired 95% intervals.
 
@@ -102,6 +104,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         test_share: Share of each structure's near-duplicate environment groups held out as test.
         eval_limit: Test environments each policy is evaluated on.
         bfcl_limit: BFCL single-turn questions per category (0: skip BFCL).
+        bfcl_constrained: Also BFCL with constrained and grounded decoding, beside free decoding (never instead).
         sandbox: Sandbox backend: process, docker or auto.
         seed: Seed of synthesis, splits, training and sampling.
     """
@@ -180,6 +183,10 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         if items:
             bfcl["sft + grpo"] = await bfcl_of(result["final_checkpoint"], items)
 
+    constrained: dict[str, Any] = {}
+    if items and bfcl_constrained:
+        paths = {"untrained": base, "sft": chosen, **({"sft + grpo": grpo["final_checkpoint"]} if grpo_steps else {})}
+        constrained = {label: _bfcl_row(await bfcl_of(path, items, constrain=True)) for label, path in paths.items()}
     table: dict[str, Any] = {"data": origin, "per_category_limit": bfcl_limit, "decoding": "free (greedy)"}
     if items:
         first = next(iter(bfcl.values()))
@@ -189,7 +196,9 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
             table["sft_minus_untrained"] = paired(bfcl["untrained"]["per_item"], bfcl["sft"]["per_item"], seed)
         if "sft + grpo" in bfcl:
             table["grpo_minus_sft"] = paired(bfcl["sft"]["per_item"], bfcl["sft + grpo"]["per_item"], seed)
-        wall["bfcl_s"] = round(sum(r["seconds"] for r in bfcl.values()), 1)
+        if constrained:
+            table["constrained_and_grounded"] = constrained
+        wall["bfcl_s"] = round(sum(r["seconds"] for r in [*bfcl.values(), *constrained.values()]), 1)
         wall["sft_s"] = round(wall["sft_s"] - bfcl["untrained"]["seconds"], 1)
     wall["total_s"] = round(time.perf_counter() - started, 1)
     sft_steps = sft["last_step"]
