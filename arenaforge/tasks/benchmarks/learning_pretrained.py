@@ -79,8 +79,9 @@ def _bfcl_row(result: dict[str, Any]) -> dict[str, Any]:
 async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm2-135m", n: int = 400,
                chains_per_server: int = 6,
                sft_epochs: int = 3, sft_lr: float = 2e-4, sft_batch_size: int = 2, lora_rank: int = 16,
-               sft_max_length: int = 2048, validation_share: float = 0.1, grpo_steps: int = 4, grpo_lr: float = 2e-6,
-               group_size: int = 8, batch_groups: int = 2, test_share: float = 0.2, eval_limit: int = 40,
+               sft_max_length: int = 2048, validation_share: float = 0.1, grpo_steps: int = 2, grpo_lr: float = 2e-6,
+               group_size: int = 8, batch_groups: int = 2, max_groups_per_step: int = 4, test_share: float = 0.2,
+               eval_limit: int = 20,
                bfcl_limit: int = 20, bfcl_constrained: bool = False, sandbox: str = "process",
                seed: int = 0) -> dict[str, Any]:
     """A real pretrained policy: SFT on the project's export, then GRPO on its environments; BFCL single-turn
@@ -101,6 +102,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         grpo_lr: GRPO learning rate.
         group_size: Rollouts per GRPO group (G).
         batch_groups: GRPO groups per step.
+        max_groups_per_step: GRPO groups sampled per step at most while looking for reward variance (a step that
+            finds none is skipped): bounds a step's time when the SFT policy rarely succeeds.
         test_share: Share of each structure's near-duplicate environment groups held out as test.
         eval_limit: Test environments each policy is evaluated on.
         bfcl_limit: BFCL single-turn questions per category (0: skip BFCL).
@@ -168,7 +171,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         mark = time.perf_counter()
         params = GrpoParams(db=str(db), model_path=chosen, out_dir=str(root / "train"), experiment="grpo",
                             steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
-                            eval_limit=eval_limit, seed=seed,
+                            max_groups_per_step=max_groups_per_step, eval_limit=eval_limit, seed=seed,
                             envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
         result = await grpo_job(params, eval_rollouts)
         wall["grpo_s"] = round(time.perf_counter() - mark, 1)
@@ -207,7 +210,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                    "sft_epochs": sft_epochs, "sft_lr": sft_lr,
                    "sft_batch_size": sft_batch_size, "lora_rank": lora_rank, "precision": "bf16",
                    "validation_share": validation_share, "grpo_steps": grpo_steps, "grpo_lr": grpo_lr,
-                   "group_size": group_size, "batch_groups": batch_groups, "eval_limit": eval_limit, "seed": seed},
+                   "group_size": group_size, "batch_groups": batch_groups,
+                   "max_groups_per_step": max_groups_per_step, "eval_limit": eval_limit, "seed": seed},
         "data": data,
         "sft": {"run_id": sft["run_id"], "steps": sft_steps, "last_loss": sft["last_loss"],
                 "validation_loss": losses, "chosen_checkpoint": chosen},
