@@ -42,6 +42,17 @@ def bootstrap_ci(values: list[float], seed: int = 0, resamples: int = BOOTSTRAP)
     return [round(means[int(0.025 * resamples)], 4), round(means[int(0.975 * resamples) - 1], 4)]
 
 
+def progress_to_stderr() -> None:
+    """Per-step lines of the `arenaforge` loggers on stderr; a bench's JSON result goes to stdout."""
+    import logging
+    import sys
+
+    progress = logging.getLogger("arenaforge")
+    if not progress.handlers:
+        progress.addHandler(logging.StreamHandler(sys.stderr))
+        progress.setLevel(logging.INFO)
+
+
 def _episode_f1(rollouts: list[Rollout]) -> dict[str, float]:
     return {r.env_id: r.reward.f1 for r in rollouts if r.status != "env_failure"}
 
@@ -147,17 +158,11 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
         ground_arguments: Top-level argument values copied from the conversation (--no-ground-arguments: decoded free).
         skip_forced_tokens: Tokens constrained decoding forced stay out of the GRPO loss (--no-skip-forced-tokens: in).
     """
-    import logging
-    import sys
-
     from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
 
     if suite and not (suite_db and Path(suite_db).exists()):  # checked before an hour of training, not after
         raise InputError(f"--suite needs --suite-db: the warehouse the suite was imported into ({suite_db!r} is not one)")
-    progress = logging.getLogger("arenaforge")  # per-step lines on stderr; the JSON result goes to stdout
-    if not progress.handlers:
-        progress.addHandler(logging.StreamHandler(sys.stderr))
-        progress.setLevel(logging.INFO)
+    progress_to_stderr()
     started = time.perf_counter()
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)

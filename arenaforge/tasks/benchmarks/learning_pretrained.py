@@ -20,11 +20,9 @@ Prints the table as JSON and writes `<out>/summary.json` and `<out>/MODEL_CARD.m
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from typing import Any
 from arenaforge.schemas.config import load_config
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Rollout
-from arenaforge.tasks.benchmarks.learning import _episode_f1, _synthesize, bootstrap_ci
+from arenaforge.tasks.benchmarks.learning import _episode_f1, _synthesize, bootstrap_ci, progress_to_stderr
 from arenaforge.warehouse import Warehouse
 
 
@@ -121,10 +119,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
     base = policy_path(policy)
     if not (Path(base) / "config.json").is_file():  # checked before the data and an hour of training, not after
         raise InputError(f"--policy {policy}: not smollm2-135m, tiny or a model directory with a config.json")
-    progress = logging.getLogger("arenaforge")  # per-step lines on stderr; the JSON result goes to stdout
-    if not progress.handlers:
-        progress.addHandler(logging.StreamHandler(sys.stderr))
-        progress.setLevel(logging.INFO)
+    progress_to_stderr()
     started = time.perf_counter()
     wall: dict[str, float] = {}
     root = Path(out).resolve()
