@@ -196,7 +196,8 @@ async def evaluate_bfcl(engine: PolicyEngine, tokenizer: Any, items: Sequence[Bf
             calls_match(parse_tool_calls(texts[item.id], [f.name for f in item.functions]), item.ground_truth,
                         item.functions) for item in items}
     python = official_checker()
-    official = score_official(python, items, texts) if python else None
+    # a subprocess of a few seconds: off the event loop, which may be serving rollouts
+    official = await asyncio.to_thread(score_official, python, items, texts) if python else None
     verdicts = official if official is not None else ours
     by_category: dict[str, dict[str, Any]] = {}
     for item in items:
