@@ -35,4 +35,6 @@ done
 [ -z "$failed" ] || exit 1
 cat out/setup/sandbox.log
 
-.venv/bin/python -m pytest -q -rs --durations=25 --junitxml=out/junit.xml "$@"
+# Two workers, a test file at a time each (its module fixtures stay in one process): most tests wait on
+# subprocesses, servers and sandboxes, so two keep both cores busy; tests/conftest.py gives each its own autogroup.
+.venv/bin/python -m pytest -q -rs -n 2 --dist loadfile --durations=25 --junitxml=out/junit.xml "$@"

@@ -19,6 +19,17 @@ from tests.support.requirements import require_shared_data  # noqa: E402
 from arenaforge.warehouse import Warehouse  # noqa: E402
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (scripts/test.sh) each worker becomes a session of its own, so the kernel schedules it as an
+    # autogroup of its own, as a lone pytest is: the sandbox's niced workers (sandbox.nice) then yield only to their
+    # own worker's pool, never to the other worker's test, which would starve them into `Overloaded`.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            os.setsid()
+        except OSError:  # already a session or group leader: it has its own autogroup
+            pass
+
+
 @pytest.fixture
 def tmp_warehouse(tmp_path: Path) -> Warehouse:
     return Warehouse(tmp_path / "test.duckdb", lock_timeout_s=30)

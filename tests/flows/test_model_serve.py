@@ -47,9 +47,37 @@ def engine(tmp_path_factory):
         proc.wait(timeout=60)
 
 
-def _engine_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "llama-server"], capture_output=True, text=True, check=False).stdout
-    return {int(p) for p in out.split()}
+def _engine_pids(serve_pid: int) -> set[int]:
+    """The llama-server processes `model serve` (pid `serve_pid`) started: its own, not another test's."""
+    import psutil
+
+    try:
+        children = psutil.Process(serve_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return set()
+    return {c.pid for c in children if "llama-server" in " ".join(_cmdline(c))}
+
+
+def _cmdline(proc) -> list[str]:
+    import psutil
+
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _alive(pids: set[int]) -> set[int]:
+    import psutil
+
+    alive = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_serve_answers_health_and_enforces_the_schema(engine) -> None:
@@ -127,18 +155,17 @@ def test_failures_are_one_line(engine, tmp_path: Path) -> None:
 
 def test_sigterm_stops_the_engine(tmp_path: Path) -> None:
     require_local_engine()
-    before = _engine_pids()
     proc = subprocess.Popen([*CLI, "model", "serve", "--port", str(_free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert "serving" in proc.stdout.readline()
-    started = _engine_pids() - before
+    started = _engine_pids(proc.pid)
     assert started, "no llama-server process while serving"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     assert "stopped" in proc.stdout.read()
     deadline = time.monotonic() + 30
-    while started & _engine_pids():  # the engine is gone (a condition, with a bound)
-        assert time.monotonic() < deadline, f"llama-server still running: {started & _engine_pids()}"
+    while _alive(started):  # the engine is gone (a condition, with a bound)
+        assert time.monotonic() < deadline, f"llama-server still running: {_alive(started)}"
         time.sleep(0.1)
 
 
