@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 from arenaforge.tasks.benchmarks.learning_pretrained import paired, split_export
+from arenaforge.warehouse import Warehouse
+from arenaforge.warehouse.splits import read_splits
 from tests.support.requirements import require_bfcl_checker
 
 CLI = [sys.executable, "-m", "arenaforge.flows.cli", "bench", "learning_pretrained"]
@@ -35,27 +37,36 @@ def test_the_validation_rows_are_carved_from_the_export_and_never_trained_on(tmp
 
 def test_one_command_trains_and_measures_a_pretrained_policy(tmp_path: Path) -> None:
     """The whole recipe on the tiny policy (the real one takes an hour): data -> export -> SFT chosen on validation
-    loss -> GRPO -> BFCL by bfcl-eval's own checker at each stage; summary.json and a model card."""
+    loss -> SFT on train environments' gold-call replays -> GRPO from there -> BFCL by bfcl-eval's own checker at each
+    stage; summary.json and a model card."""
     require_bfcl_checker()
     out = tmp_path / "run"
     done = subprocess.run([*CLI, "--out", str(out), "--policy", "tiny", "--n", "20", "--chains-per-server", "2",
-                           "--sft-epochs", "2", "--lora-rank", "0", "--grpo-steps", "1", "--group-size", "2",
-                           "--batch-groups", "1", "--eval-limit", "2", "--bfcl-limit", "1", "--bfcl-constrained"],
+                           "--sft-epochs", "2", "--lora-rank", "0", "--sft-replays", "3", "--grpo-steps", "1",
+                           "--group-size", "2", "--batch-groups", "1", "--eval-limit", "2", "--bfcl-limit", "1",
+                           "--bfcl-constrained"],
                           capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
     assert json.loads((out / "summary.json").read_text()) == got
-    data, sft, grpo, bfcl = got["data"], got["sft"], got["grpo"], got["bfcl"]
+    data, sft, replays, grpo, bfcl = got["data"], got["sft"], got["replay_sft"], got["grpo"], got["bfcl"]
     export = Path(data["sft_export"]).read_text().splitlines()
     assert len(export) == data["sft_rows"] == data["sft_train_rows"] + data["sft_validation_rows"] > 0
     assert len(sft["validation_loss"]) == 2  # one checkpoint per epoch
     assert sft["chosen_checkpoint"] == min(sft["validation_loss"], key=sft["validation_loss"].get)
-    assert grpo["steps"] == 1 and set(grpo["test_f1"]) == {"sft", "sft + grpo"} and grpo["grpo_minus_sft"]["items"] == 2
+    # the replay stage starts from the chosen SFT checkpoint, learns train environments only, and GRPO starts from it
+    assert replays["examples"] == 3 and replays["steps"] >= 1 and Path(replays["checkpoint"]).is_dir()
+    splits = {env_id: row.split for env_id, row in read_splits(Warehouse(got["warehouse"])).items()}
+    replayed = [json.loads(line)["env_id"] for line in Path(replays["data"]).read_text().splitlines()]
+    assert len(replayed) == 3 and {splits[e] for e in replayed} == {"train"}
+    assert set(grpo["test_f1"]) == {"sft + replays", "sft + grpo"} and grpo["grpo_minus_sft"]["items"] == 2
+    assert grpo["steps"] == 1
     assert Path(grpo["final_checkpoint"]).is_dir()
     assert bfcl["scorer"] == "bfcl-eval ast_checker" and bfcl["decoding"] == "free (greedy)"
-    assert all(bfcl[stage]["items"] == 3 for stage in ("untrained", "sft", "sft + grpo"))
-    assert bfcl["sft_minus_untrained"]["items"] == 3 and bfcl["grpo_minus_sft"]["items"] == 3
-    assert set(bfcl["constrained_and_grounded"]) == {"untrained", "sft", "sft + grpo"}  # beside free, never instead
+    stages = {"untrained", "sft", "sft + replays", "sft + grpo"}
+    assert all(bfcl[stage]["items"] == 3 for stage in stages)
+    assert all(bfcl[key]["items"] == 3 for key in ("sft_minus_untrained", "replays_minus_sft", "grpo_minus_sft"))
+    assert set(bfcl["constrained_and_grounded"]) == stages  # beside free, never instead
     card = (out / "MODEL_CARD.md").read_text()
     assert "| sft + grpo |" in card and sft["chosen_checkpoint"] in card
 

@@ -12,7 +12,8 @@ import torch
 from arenaforge.schemas.models import RewardBreakdown, Rollout
 from arenaforge.tasks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
 from arenaforge.tasks.train.checkpoints import CheckpointManager
-from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer, group_advantages, pack, policy_loss, token_logprobs
+from arenaforge.tasks.train.grpo import (GrpoConfig, GrpoTrainer, first_loss_position, group_advantages, pack,
+                                        policy_loss, token_logprobs)
 from tests.support.rl import tiny_model_path
 
 
@@ -102,6 +103,29 @@ def test_tool_tokens_get_no_gradient(tiny):
     grad = torch.autograd.grad(loss, logp)[0][0]
     assert torch.all(grad[batch.loss_mask[0] == 0] == 0)
     assert torch.all(grad[batch.loss_mask[0] == 1] != 0)
+
+
+def test_logprobs_from_the_first_loss_position_equal_the_full_ones_there(tiny):
+    """The trainer computes vocabulary-wide logits only where a loss reads them (memory); same values and gradient."""
+    model, tok = tiny
+    rows = [_rollout([30, 31, 32, 33, 34, 35], [1, 1, 0, 0, 1, 1], 1.0),
+            _rollout([36, 37], [1, 1], 0.0, 1, prompt=[1, 2, 3, 4, 5, 6, 7])]
+    batch = pack(rows, [1.0, -1.0], tok.pad_token_id)
+    first = first_loss_position(batch.loss_mask)
+    assert first == 3 and batch.loss_mask[:, :first].sum() == 0 and batch.loss_mask[:, first].sum() > 0
+    full = token_logprobs(model, batch.input_ids, batch.attention_mask)
+    cut = token_logprobs(model, batch.input_ids, batch.attention_mask, first)
+    assert cut.shape == full.shape and torch.all(cut[:, :first] == 0)
+    assert torch.allclose(cut[:, first:], full[:, first:], atol=1e-5)
+    grads = []
+    for logp in (full, cut):
+        model.zero_grad(set_to_none=True)
+        (logp * batch.loss_mask).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    assert len(grads[0]) == len(grads[1]) > 0
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(*grads, strict=True))
+    assert first_loss_position(torch.zeros(2, 5)) == 0
 
 
 def test_forced_tokens_get_no_gradient_when_skipped(tiny):

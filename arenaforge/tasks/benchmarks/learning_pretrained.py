@@ -9,10 +9,14 @@ handler decodes it). One command, one run, fixed seeds, offline, on CPU:
      `arenaforge sft export` writes; the sample knowledge source -> verified environments and their stored split;
   2. SFT (`train sft`: LoRA, bf16) on the export less a validation share carved from it; of the per-epoch
      checkpoints, the one with the lowest validation loss is the SFT policy (never chosen on test or on BFCL);
-  3. GRPO (`train grpo`) from that checkpoint on the train environments: G rollouts per group, environments drawn by
+  3. environment replays: a short SFT (one epoch, same LoRA) from that checkpoint on gold-call replays of train
+     environments (`train warmstart`: each one's own prompt, its gold calls really run in the sandbox, their
+     observations, the answer), so the policy knows these environments' tools before it explores them; never a
+     test environment;
+  4. GRPO (`train grpo`) from that checkpoint on the train environments: G rollouts per group, environments drawn by
      measured pass rate (p(1-p)), evaluated greedily on held-out test environments before and after;
-  4. BFCL single-turn (simple, multiple, parallel) with free decoding for the untrained policy, after SFT and after
-     GRPO, scored by bfcl-eval's own checker when `scripts/setup-bfcl.sh` installed it; paired 95% intervals.
+  5. BFCL single-turn (simple, multiple, parallel) with free decoding for the untrained policy, after each SFT stage
+     and after GRPO, scored by bfcl-eval's own checker when `scripts/setup-bfcl.sh` installed it; paired 95% intervals.
 
 Prints the table as JSON and writes `<out>/summary.json` and `<out>/MODEL_CARD.md` beside the checkpoints.
 """
@@ -68,6 +72,33 @@ async def bfcl_of(path: str, items: list[Any], constrain: bool = False) -> dict[
     return {**result, "seconds": round(time.perf_counter() - started, 1)}
 
 
+async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int, test_share: float, seed: int,
+                     batch_size: int, lr: float, lora_rank: int, max_length: int) -> dict[str, Any]:
+    """One SFT epoch from `start` on gold-call replays of `limit` train environments (drawn by `seed`); its
+    checkpoint. The replays are `train warmstart`'s: the rollout's own prompt, the gold calls run in the sandbox."""
+    from arenaforge.tasks.train.checkpoints import CheckpointManager
+    from arenaforge.tasks.train.jobs import (EnvSelection, SftParams, _warmstart_examples, config_for, select_envs,
+                                             sft_job)
+    from arenaforge.tasks.train.warmstart import write_jsonl
+
+    params = SftParams(db=str(db), model_path=start, out_dir=str(root / "train"), experiment="sft-replays", epochs=1,
+                       batch_size=batch_size, lr=lr, max_length=max_length, seed=seed, precision="bf16",
+                       lora_rank=lora_rank)
+    cfg = config_for(params)
+    envs = select_envs(wh, EnvSelection(split="train", test_share=test_share, split_seed=seed))
+    envs = random.Random(seed).sample(envs, min(limit, len(envs)))
+    examples, rejections = await _warmstart_examples(cfg, envs)
+    if not examples:
+        raise InputError(f"environment replays: no train environment's gold calls replay cleanly ({len(rejections)} "
+                         "rejected)")
+    data = write_jsonl(examples, root / "sft" / "replays.jsonl")
+    steps = -(-len(examples) // batch_size)
+    run = sft_job(params.model_copy(update={"data": str(data), "checkpoint_every": steps}))
+    final = CheckpointManager(root / "train" / "sft-replays").checkpoints()[-1]
+    return {"run_id": run["run_id"], "data": str(data), "examples": len(examples), "rejected": len(rejections),
+            "steps": final.step, "checkpoint": str(final.path)}
+
+
 def _bfcl_row(result: dict[str, Any]) -> dict[str, Any]:
     return {"accuracy": result["accuracy"], "by_category": {k: v["accuracy"] for k, v in result["categories"].items()},
             "correct": sum(v["correct"] for v in result["categories"].values()),
@@ -77,7 +108,8 @@ def _bfcl_row(result: dict[str, Any]) -> dict[str, Any]:
 async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm2-135m", n: int = 400,
                chains_per_server: int = 6,
                sft_epochs: int = 3, sft_lr: float = 2e-4, sft_batch_size: int = 2, lora_rank: int = 16,
-               sft_max_length: int = 2048, validation_share: float = 0.1, grpo_steps: int = 2, grpo_lr: float = 2e-6,
+               sft_max_length: int = 2048, validation_share: float = 0.1, sft_replays: int = 64,
+               grpo_steps: int = 2, grpo_lr: float = 2e-6, grpo_micro_batch_size: int = 2,
                group_size: int = 8, batch_groups: int = 2, max_groups_per_step: int = 4, test_share: float = 0.2,
                eval_limit: int = 20,
                bfcl_limit: int = 20, bfcl_constrained: bool = False, sandbox: str = "process",
@@ -96,8 +128,11 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         lora_rank: LoRA rank of the SFT (0: every weight).
         sft_max_length: Tokens per SFT example (longer ones are cut).
         validation_share: Share of the export held out to choose the SFT epoch by loss.
+        sft_replays: Train environments whose gold-call replays a second SFT stage learns (one epoch; 0: none).
         grpo_steps: GRPO steps from the SFT checkpoint (0: no GRPO).
         grpo_lr: GRPO learning rate.
+        grpo_micro_batch_size: Rollouts per GRPO forward/backward (full weights, fp32: 8 rollouts of ~1,400 tokens
+            ran this 24 GiB machine out of memory).
         group_size: Rollouts per GRPO group (G).
         batch_groups: GRPO groups per step.
         max_groups_per_step: GRPO groups sampled per step at most while looking for reward variance (a step that
@@ -158,14 +193,25 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
     wall["sft_s"] = round(time.perf_counter() - mark, 1)  # includes the untrained BFCL; split below
     if items:
         bfcl["sft"] = await bfcl_of(chosen, items)
+    replays: dict[str, Any] = {"skipped": "sft_replays 0"}
+    start = chosen  # the checkpoint GRPO starts from
+    if sft_replays:
+        mark = time.perf_counter()
+        replays = await replay_sft(db, wh, root, chosen, sft_replays, test_share, seed, sft_batch_size, sft_lr,
+                                   lora_rank, sft_max_length)
+        start = replays["checkpoint"]
+        wall["replay_sft_s"] = round(time.perf_counter() - mark, 1)
+        if items:
+            bfcl["sft + replays"] = await bfcl_of(start, items)
 
-    # GRPO from the chosen SFT checkpoint; test F1 before and after, paired
+    # GRPO from the last SFT stage's checkpoint; test F1 before and after, paired
     eval_rollouts: dict[str, list[Rollout]] = {}
     grpo: dict[str, Any] = {"skipped": "grpo_steps 0"}
     if grpo_steps:
         mark = time.perf_counter()
-        params = GrpoParams(db=str(db), model_path=chosen, out_dir=str(root / "train"), experiment="grpo",
-                            steps=grpo_steps, lr=grpo_lr, group_size=group_size, batch_groups=batch_groups,
+        params = GrpoParams(db=str(db), model_path=start, out_dir=str(root / "train"), experiment="grpo",
+                            steps=grpo_steps, lr=grpo_lr, micro_batch_size=grpo_micro_batch_size,
+                            group_size=group_size, batch_groups=batch_groups,
                             max_groups_per_step=max_groups_per_step, eval_limit=eval_limit, seed=seed,
                             envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
         result = await grpo_job(params, eval_rollouts)
@@ -174,7 +220,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         evals = result.get("eval", {})
         grpo = {"steps": result["last_step"], "skipped_steps": result["skipped_steps"],
                 "zero_variance_share": result["zero_variance_share"], "final_checkpoint": result["final_checkpoint"],
-                "test_f1": {("sft" if label == "start" else "sft + grpo"): {
+                "test_f1": {(("sft + replays" if sft_replays else "sft") if label == "start" else "sft + grpo"): {
                     "f1": round(row["f1"], 4), "ci95": bootstrap_ci(list(f1.get(label, {}).values()), seed),
                     "episodes": row["episodes"]} for label, row in evals.items()},
                 "grpo_minus_sft": paired(f1.get("start", {}), f1.get("GRPO", {}), seed)}
@@ -183,7 +229,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
 
     constrained: dict[str, Any] = {}
     if items and bfcl_constrained:
-        paths = {"untrained": base, "sft": chosen, **({"sft + grpo": grpo["final_checkpoint"]} if grpo_steps else {})}
+        paths = {"untrained": base, "sft": chosen, **({"sft + replays": start} if sft_replays else {}),
+                 **({"sft + grpo": grpo["final_checkpoint"]} if grpo_steps else {})}
         constrained = {label: _bfcl_row(await bfcl_of(path, items, constrain=True)) for label, path in paths.items()}
     table: dict[str, Any] = {"data": origin, "per_category_limit": bfcl_limit, "decoding": "free (greedy)"}
     if items:
@@ -192,8 +239,11 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                   "matcher_agrees": {label: r["matcher_agrees"] for label, r in bfcl.items()}}
         if "sft" in bfcl:
             table["sft_minus_untrained"] = paired(bfcl["untrained"]["per_item"], bfcl["sft"]["per_item"], seed)
+        before_grpo = "sft + replays" if "sft + replays" in bfcl else "sft"
+        if before_grpo != "sft":
+            table["replays_minus_sft"] = paired(bfcl["sft"]["per_item"], bfcl[before_grpo]["per_item"], seed)
         if "sft + grpo" in bfcl:
-            table["grpo_minus_sft"] = paired(bfcl["sft"]["per_item"], bfcl["sft + grpo"]["per_item"], seed)
+            table["grpo_minus_sft"] = paired(bfcl[before_grpo]["per_item"], bfcl["sft + grpo"]["per_item"], seed)
         if constrained:
             table["constrained_and_grounded"] = constrained
         wall["bfcl_s"] = round(sum(r["seconds"] for r in [*bfcl.values(), *constrained.values()]), 1)
@@ -204,13 +254,14 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         "config": {"policy": policy, "policy_path": base, "n": n, "chains_per_server": chains_per_server,
                    "sft_epochs": sft_epochs, "sft_lr": sft_lr,
                    "sft_batch_size": sft_batch_size, "lora_rank": lora_rank, "precision": "bf16",
-                   "validation_share": validation_share, "grpo_steps": grpo_steps, "grpo_lr": grpo_lr,
+                   "validation_share": validation_share, "sft_replays": sft_replays, "grpo_steps": grpo_steps,
+                   "grpo_lr": grpo_lr, "grpo_micro_batch_size": grpo_micro_batch_size,
                    "group_size": group_size, "batch_groups": batch_groups,
                    "max_groups_per_step": max_groups_per_step, "eval_limit": eval_limit, "seed": seed},
         "data": data,
         "sft": {"run_id": sft["run_id"], "steps": sft_steps, "last_loss": sft["last_loss"],
                 "validation_loss": losses, "chosen_checkpoint": chosen},
-        "grpo": grpo, "bfcl": table, "wall_clock": wall, "warehouse": str(db),
+        "replay_sft": replays, "grpo": grpo, "bfcl": table, "wall_clock": wall, "warehouse": str(db),
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (root / "MODEL_CARD.md").write_text(model_card(summary))
@@ -227,11 +278,14 @@ def model_card(summary: dict[str, Any]) -> str:
              f"(validation {summary['data'].get('sft_validation_rows')}), {cfg['sft_epochs']} epochs, LoRA r"
              f"{cfg['lora_rank']}, bf16, lr {cfg['sft_lr']}; chosen on validation loss: "
              f"`{summary['sft']['chosen_checkpoint']}`.",
+             *([f"- Environment replays: one epoch from there on gold-call replays of "
+                f"{summary['replay_sft']['examples']} train environments (`{summary['replay_sft']['data']}`): "
+                f"`{summary['replay_sft']['checkpoint']}`."] if "checkpoint" in summary["replay_sft"] else []),
              f"- GRPO: {grpo.get('steps', 0)} steps, G={cfg['group_size']}, {cfg['batch_groups']} groups per step, "
              f"lr {cfg['grpo_lr']}; final: `{grpo.get('final_checkpoint', '-')}`.", "",
              "## Evaluation (greedy)", "", "| policy | BFCL single-turn (free decoding) | test F1 |", "|---|---|---|"]
     f1 = grpo.get("test_f1", {}) if isinstance(grpo, dict) else {}
-    for label in ("untrained", "sft", "sft + grpo"):
+    for label in ("untrained", "sft", "sft + replays", "sft + grpo"):
         row = bfcl.get(label)
         score = f"{row['correct']}/{row['items']} ({row['accuracy']:.3f})" if row else "-"
         lines.append(f"| {label} | {score} | {f1[label]['f1']:.3f} |" if label in f1 else f"| {label} | {score} | - |")

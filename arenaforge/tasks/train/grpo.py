@@ -76,10 +76,23 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     return loss, stats
 
 
-def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """log p(token_t | tokens_<t) for t = 1..T-1, shape (B, T-1)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """log p(token_t | tokens_<t) for t = 1..T-1, shape (B, T-1); the entries before prediction position `first` are 0.
+
+    A rollout's prompt is most of its tokens and no loss reads its log-probs: vocabulary-wide logits (and their
+    log-softmax and gradient) only from `first` on keep a real policy's micro-batch in memory (SmolLM2's 49k vocabulary
+    over 8 rollouts of ~1,400 tokens is 2.2 GB per copy, and a step makes several).
+    """
+    keep = input_ids.shape[1] - first  # logits of positions first .. T-1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits[:, :-1].float()
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, first + 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(logp, (first, 0))
+
+
+def first_loss_position(loss_mask: torch.Tensor) -> int:
+    """The earliest prediction position any row's loss reads (0 when none does)."""
+    used = loss_mask.any(dim=0).nonzero()
+    return int(used[0]) if len(used) else 0
 
 
 @dataclass
@@ -166,7 +179,8 @@ class GrpoTrainer:
         for start in range(0, len(rollouts), self.cfg.micro_batch_size):
             part = rollouts[start : start + self.cfg.micro_batch_size]
             batch = pack(part, advantages[start : start + len(part)], self.pad_id, skip).to(self.device)
-            logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask)
+            first = first_loss_position(batch.loss_mask)
+            logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask, first)
             old = logp.detach() if self.cfg.old_logprobs == "policy" else batch.engine_logp
             loss, stats = policy_loss(logp, old, batch.advantages, batch.loss_mask, self.cfg.eps_low,
                                       self.cfg.eps_high, normalizer=total_tokens)
