@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from arenaforge.environments.runtime import Pool
+from arenaforge.environments.runtime import Overloaded, Pool
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.benchmarks.retail_state import retail_environment, retail_episodes
 from tests.environments.conftest import PoolHandle, start_pool
@@ -87,8 +87,12 @@ def test_a_state_read_has_its_own_limit_not_the_tools(retail: Environment) -> No
             session = await handle.pool.open(retail)
             try:
                 state, resets = await handle.pool.state(session), session.resets
-                slow = await handle.pool.call(session, "calculate", {"expression": "9**9**7"})
-                return state, slow.outcome, resets
+                while True:
+                    try:
+                        slow = await handle.pool.call(session, "calculate", {"expression": "9**9**7"})
+                        return state, slow.outcome, resets
+                    except Overloaded:  # typed: on a loaded machine the sandbox got no CPU in the window; not the
+                        continue  # subject here, which is the tool's own limit: ask again
             finally:
                 await handle.pool.close(session)
 
