@@ -132,3 +132,54 @@ def test_hf_engine_samples_each_request_with_its_own_seed(tokenizer):
     assert engine.batches[0] == 3
     assert together[0].token_ids == alone.token_ids and together[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     assert together[0].token_ids != together[2].token_ids  # same prompt, another seed: another sample
+
+
+def test_shared_prefixes_encode_each_run_of_alike_prompts_once():
+    from arenaforge.tasks.policy.hf import shared_prefixes
+
+    head = list(range(100, 140))
+    prompts = [head + [1, 2], [7] * 30, head + [3], head + [1, 2], [5]]
+    prefixes, owner, cut = shared_prefixes(prompts, min_shared=16)
+    assert owner[0] == owner[2] == owner[3] and len({owner[0], owner[1], owner[4]}) == 3
+    assert prefixes[owner[0]] == head and cut[0] == cut[2] == cut[3] == 40  # the group's common beginning
+    assert cut[1] == 29 and cut[4] == 0  # a prompt like no other keeps its last token to itself
+    _, alone, cuts = shared_prefixes(prompts, min_shared=None)
+    assert len(set(alone)) == 5 and cuts == [len(p) - 1 for p in prompts]
+
+
+def test_hf_engine_encodes_a_shared_prompt_once_and_samples_as_if_alone(tokenizer):
+    """A group's samples of one prompt (and prompts that only share a beginning, as later turns do) read the shared
+    part's keys and values, computed once: each answer and its log-probs are what the prompt alone gives."""
+    import torch
+
+    engine = build_engine("hf", model_path=tiny_model_path())
+    system = tokenizer.encode("You can call these tools: get_order(order_id), list_items(order_id). " * 3,
+                              add_special_tokens=False)
+    prompts = [system + tokenizer.encode(t, add_special_tokens=False) for t in ("Order 7?", "Order 7?", "Items of 9")]
+    prompts.append(tokenizer.encode("a", add_special_tokens=False))  # nothing shared, one token
+    params = [SamplingParams(max_tokens=8, temperature=1.0, seed=s) for s in (1, 2, 3, 4)]
+    calls = []
+    forward = engine.model.forward
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    async def together():
+        return await asyncio.gather(*(engine.generate(p, s) for p, s in zip(prompts, params)))
+
+    engine.model.forward = counting
+    try:
+        gens = asyncio.run(together())
+    finally:
+        engine.model.forward = forward
+    assert engine.batches == [4]
+    assert calls[0][0] == 2 and calls[0][1] >= len(system)  # one shared prefix, one lone prompt's
+    assert calls[1][1] < len(prompts[2]) - len(system) + 2  # each row then encodes only what it does not share
+    for prompt, param, gen in zip(prompts, params, gens):
+        alone = asyncio.run(engine.generate(prompt, param))
+        assert gen.token_ids == alone.token_ids and gen.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3)

@@ -88,8 +88,41 @@ async def _generate(path: str, batch: int, new_tokens: int) -> dict[str, Any]:
             "tokens_per_s": round(produced / seconds, 1), "batches": engine.batches[1:]}
 
 
+async def _generate_group(path: str, group: int, prompt_tokens: int, new_tokens: int) -> dict[str, Any]:
+    """A GRPO group's first turn: `group` samples of one long prompt (a system prompt of tool documents), the
+    prompt encoded once and shared against each row encoded whole, alternated twice, tokens/s of each."""
+    from arenaforge.tasks.policy.base import SamplingParams
+    from arenaforge.tasks.policy.hf import HfEngine
+
+    engine = HfEngine.from_pretrained(path, constrain=False)
+    tok = engine.tokenizer
+    tools = []
+    while len(tok.encode("\n".join(tools))) < prompt_tokens:
+        i = len(tools)
+        tools.append(f'{{"name": "get_order_{i}", "description": "Look up order {i} by its id and return its '
+                     f'status, items and total.", "parameters": {{"order_id": {{"type": "string"}}}}}}')
+    messages = [{"role": "system", "content": "You can call these tools:\n" + "\n".join(tools)},
+                {"role": "user", "content": "What is the status of order 4411?"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt["input_ids"]) if hasattr(prompt, "keys") else list(prompt)
+    params = [SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=i) for i in range(group)]
+    await engine.generate(prompt, SamplingParams(max_tokens=4, seed=0))  # warm up
+    seconds: dict[str, float] = {"whole": 0.0, "shared": 0.0}
+    tokens: dict[str, int] = {"whole": 0, "shared": 0}
+    for mode in ("whole", "shared", "shared", "whole"):  # alternated: the machine's drift falls on both
+        engine.share_prefixes = mode == "shared"
+        started = time.perf_counter()
+        out = await asyncio.gather(*(engine.generate(prompt, p) for p in params))
+        seconds[mode] += time.perf_counter() - started
+        tokens[mode] += sum(len(g.token_ids) for g in out)
+    rate = {mode: round(tokens[mode] / seconds[mode], 1) for mode in seconds}
+    return {"requests": group, "prompt_tokens": len(prompt), "new_tokens": new_tokens,
+            "tokens_per_s_each_prompt_whole": rate["whole"], "tokens_per_s_prompt_shared": rate["shared"],
+            "shared_vs_whole": round(rate["shared"] / rate["whole"], 2)}
+
+
 async def main(policy: str = "smollm2-135m", seq: int = 1024, steps: int = 3, variants: str = ",".join(VARIANTS),
-         gen_batch: int = 8, gen_tokens: int = 64) -> dict[str, Any]:
+         gen_batch: int = 8, gen_tokens: int = 64, group_prompt_tokens: int = 900) -> dict[str, Any]:
     """Training tokens/s for fp32 and bf16 mixed precision, full and LoRA (side by side), and generation tokens/s.
 
     Args:
@@ -99,6 +132,8 @@ async def main(policy: str = "smollm2-135m", seq: int = 1024, steps: int = 3, va
         variants: Comma-separated, of full-fp32, full-bf16, lora-fp32, lora-bf16.
         gen_batch: Concurrent generation requests (0: skip generation).
         gen_tokens: New tokens per generation request.
+        group_prompt_tokens: Prompt tokens of the GRPO-group generation (`gen_batch` samples of one prompt, the
+            prompt encoded once against once per row; 0: skip it).
     """
     path = policy_path(policy)
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
@@ -114,5 +149,7 @@ async def main(policy: str = "smollm2-135m", seq: int = 1024, steps: int = 3, va
         "policy": policy, "path": path, "threads": torch.get_num_threads(), "cpu_flags": _cpu_flags(),
         "bf16_kernels": bool(torch.backends.mkldnn.is_available()), "seq": seq, "train": train,
         "generate": await _generate(path, gen_batch, gen_tokens) if gen_batch else None,
+        "generate_group": (await _generate_group(path, gen_batch, group_prompt_tokens, gen_tokens)
+                           if gen_batch and group_prompt_tokens else None),
         "loadavg_1m_at_end": os.getloadavg()[0],
     }

@@ -6,7 +6,8 @@ importance ratio starts at 1 on-policy.
 
 Concurrent requests (many rollouts in flight) are gathered into one left-padded batch of up
 to `max_batch` prompts, decoded over the KV cache in a worker thread so tool calls keep running
-meanwhile. Every request samples with its own seeded generator, so an answer depends on its
+meanwhile. Prompts that begin alike (a GRPO group's G samples of one task, turn after turn) share
+one encoding of their common beginning (`shared_prefixes`). Every request samples with its own seeded generator, so an answer depends on its
 own seed only, never on which requests shared its batch. `lock` serialises model use: the
 GRPO trainer holds it during an update so generation never reads half-updated weights. Each
 answer stops at its own stop token or token limit.
@@ -42,7 +43,7 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: str = "hf", device: str = "cpu",
-                 max_batch: int = 16, constrain: bool = True) -> None:
+                 max_batch: int = 16, constrain: bool = True, share_prefixes: bool = True) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy
@@ -57,6 +58,7 @@ class HfEngine:
         self._worker: asyncio.Task | None = None
         self.batches: list[int] = []  # sizes of the generate calls made (observability, tests)
         self.constrain = constrain
+        self.share_prefixes = share_prefixes  # False: every prompt encoded whole (the bench's side-by-side baseline)
         self._constraint: Any = None  # built on first constrained request (one pass over the vocabulary)
 
     @classmethod
@@ -110,13 +112,7 @@ class HfEngine:
         import torch
 
         stops = self.eos_ids | {t for p in params for t in p.stop_token_ids}
-        width = max(len(p) for p in prompts)
         rows = len(prompts)
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((rows, width), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends where generation starts
-            ids[i, width - len(p):] = torch.tensor(p)
-            attn[i, width - len(p):] = 1
         generators = [_generator(p.seed) for p in params]
         limits = [p.max_tokens for p in params]
         tokens: list[list[int]] = [[] for _ in prompts]
@@ -130,9 +126,7 @@ class HfEngine:
             was_training = self.model.training
             self.model.eval()
             try:
-                positions = (attn.cumsum(-1) - 1).clamp(min=0)
-                out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                 position_ids=positions.to(self.device), use_cache=True)
+                out, attn, positions = self._prefill(prompts)
                 next_pos = positions[:, -1:] + 1
                 for _ in range(max(limits)):
                     logits = out.logits[:, -1].float().cpu()
@@ -162,7 +156,7 @@ class HfEngine:
                     attn = torch.cat([attn, torch.ones((rows, 1), dtype=torch.long)], dim=1)
                     out = self.model(input_ids=step.to(self.device), attention_mask=attn.to(self.device),
                                      position_ids=next_pos.to(self.device), past_key_values=out.past_key_values,
-                                     use_cache=True)
+                                     use_cache=True, logits_to_keep=1)
                     next_pos = next_pos + 1
             finally:
                 if was_training:
@@ -170,6 +164,92 @@ class HfEngine:
         self.batches.append(rows)
         return [Generation(token_ids=t, logprobs=lp, finish_reason=f or "length")  # type: ignore[arg-type]
                 for t, lp, f in zip(tokens, logprobs, finish, strict=True)]
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any]:
+        """The forward pass over the prompts: (model output with its KV cache, attention mask, position ids).
+
+        A GRPO group's G rollouts share their whole first prompt, and their later turns still share it: each run
+        of prompts that begin alike is encoded once (`shared_prefixes`), its keys and values copied to its rows,
+        and only the rest is encoded per row, after a gap the attention mask skips. Only the last position's
+        logits are computed: a 49k vocabulary's logits at every prompt position are a fifth of the pass's work and
+        most of its memory.
+        """
+        import torch
+
+        prefixes, owner, cut = shared_prefixes(prompts, 16 if self.share_prefixes else None)
+        head_ids, head_attn = _left_padded(prefixes, self.pad_id)
+        head_pos = (head_attn.cumsum(-1) - 1).clamp(min=0)
+        head = self.model(input_ids=head_ids.to(self.device), attention_mask=head_attn.to(self.device),
+                          position_ids=head_pos.to(self.device), use_cache=True, logits_to_keep=1)
+        index = torch.tensor(owner)
+        cache = head.past_key_values
+        cache.batch_select_indices(index.to(self.device))  # each row gets its prefix's keys and values
+        tail_ids, tail_attn = _left_padded([p[c:] for p, c in zip(prompts, cut, strict=True)], self.pad_id)
+        tail_pos = (torch.tensor(cut)[:, None] + tail_attn.cumsum(-1) - 1).clamp(min=0)
+        attn = torch.cat([head_attn[index], tail_attn], dim=1)
+        out = self.model(input_ids=tail_ids.to(self.device), attention_mask=attn.to(self.device),
+                         position_ids=tail_pos.to(self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out, attn, tail_pos
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]],
+                    min_shared: int | None = 16) -> tuple[list[list[int]], list[int], list[int]]:
+    """(distinct prefixes, each row's prefix index, each row's prefix length) for one prefill.
+
+    Prompts are sorted, and each run of neighbours sharing at least `min_shared` leading tokens gets one prefix,
+    the run's longest common beginning; a prompt like no other (or every prompt, with `min_shared` None) is its own
+    prefix. Every row keeps at least its last token out of its prefix, so the row's own pass yields its next-token
+    logits.
+    """
+    order = sorted(range(len(prompts)), key=lambda i: list(prompts[i]))
+    prefixes: list[list[int]] = []
+    owner = [0] * len(prompts)
+    cut = [0] * len(prompts)
+    run: list[int] = []
+    shared = 0
+
+    def close() -> None:
+        prefixes.append(list(prompts[run[0]][:shared]))
+        for i in run:
+            owner[i], cut[i] = len(prefixes) - 1, shared
+
+    for i in order:
+        own = len(prompts[i]) - 1
+        if run:
+            common = min(shared, own, _common_length(prompts[run[-1]], prompts[i]))
+            if min_shared is not None and common >= min_shared:
+                run.append(i)
+                shared = common
+                continue
+            close()
+        run, shared = [i], own
+    if run:
+        close()
+    return prefixes, owner, cut
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Any, Any]:
+    """(ids, attention mask), every row ending in the last column; an empty row is all padding."""
+    import torch
+
+    width = max(1, *(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r))
+            attn[i, width - len(r):] = 1
+    return ids, attn
 
 
 def _generator(seed: int | None) -> Any:
