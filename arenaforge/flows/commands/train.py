@@ -92,6 +92,10 @@ def grpo_cmd(
                                           "the conversation (spans, numbers); --no-ground-arguments: any JSON."),
     skip_forced_tokens: bool = typer.Option(True, help="hf engine: tokens sampled with probability 1 (forced by "
                                             "constrained decoding) leave the loss; --no-skip-forced-tokens: counted."),
+    precision: str = typer.Option("fp32", help="fp32, or bf16: mixed precision (bf16 autocast, fp32 weights and "
+                                  "optimizer)."),
+    lora_rank: int = typer.Option(0, help="0: train every weight; r > 0: LoRA adapters of rank r on every linear "
+                                  "layer (needs peft: the lora extra); checkpoints hold the merged model."),
 ) -> None:
     """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
@@ -103,6 +107,7 @@ def grpo_cmd(
             experiment=experiment, out_dir=out_dir, steps=steps, batch_groups=batch_groups, group_size=group_size,
             delta=delta, roc=roc, max_groups_per_step=max_groups_per_step, curriculum=curriculum, lr=lr,
             checkpoint_every=checkpoint_every, old_logprobs=old_logprobs, seed=seed, skip_forced_tokens=skip_forced_tokens,
+            precision=precision, lora_rank=lora_rank,
             warmstart_steps=warmstart_steps, warmstart_lr=warmstart_lr, warmstart_batch_size=warmstart_batch_size,
             warmstart_trajectories=warmstart_trajectories,
             warmstart_copy_variants=warmstart_copy_variants,

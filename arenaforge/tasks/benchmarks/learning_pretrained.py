@@ -110,6 +110,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                sft_epochs: int = 3, sft_lr: float = 2e-4, sft_batch_size: int = 2, lora_rank: int = 16,
                sft_max_length: int = 2048, validation_share: float = 0.1, sft_replays: int = 64,
                grpo_steps: int = 2, grpo_lr: float = 2e-6, grpo_micro_batch_size: int = 2,
+               grpo_lora_rank: int = 0, grpo_precision: str = "bf16",
                group_size: int = 8, batch_groups: int = 2, max_groups_per_step: int = 4, test_share: float = 0.2,
                eval_limit: int = 20,
                bfcl_limit: int = 20, bfcl_constrained: bool = False, sandbox: str = "process",
@@ -133,6 +134,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         grpo_lr: GRPO learning rate.
         grpo_micro_batch_size: Rollouts per GRPO forward/backward (full weights, fp32: 8 rollouts of ~1,400 tokens
             ran this 24 GiB machine out of memory).
+        grpo_lora_rank: GRPO on LoRA adapters of this rank (0: every weight).
+        grpo_precision: GRPO's forward and backward: bf16 (autocast, fp32 weights) or fp32.
         group_size: Rollouts per GRPO group (G).
         batch_groups: GRPO groups per step.
         max_groups_per_step: GRPO groups sampled per step at most while looking for reward variance (a step that
@@ -211,6 +214,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         mark = time.perf_counter()
         params = GrpoParams(db=str(db), model_path=start, out_dir=str(root / "train"), experiment="grpo",
                             steps=grpo_steps, lr=grpo_lr, micro_batch_size=grpo_micro_batch_size,
+                            lora_rank=grpo_lora_rank, precision=grpo_precision,
                             group_size=group_size, batch_groups=batch_groups,
                             max_groups_per_step=max_groups_per_step, eval_limit=eval_limit, seed=seed,
                             envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
@@ -256,6 +260,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                    "sft_batch_size": sft_batch_size, "lora_rank": lora_rank, "precision": "bf16",
                    "validation_share": validation_share, "sft_replays": sft_replays, "grpo_steps": grpo_steps,
                    "grpo_lr": grpo_lr, "grpo_micro_batch_size": grpo_micro_batch_size,
+                   "grpo_lora_rank": grpo_lora_rank, "grpo_precision": grpo_precision,
                    "group_size": group_size, "batch_groups": batch_groups,
                    "max_groups_per_step": max_groups_per_step, "eval_limit": eval_limit, "seed": seed},
         "data": data,
@@ -282,7 +287,8 @@ def model_card(summary: dict[str, Any]) -> str:
                 f"{summary['replay_sft']['examples']} train environments (`{summary['replay_sft']['data']}`): "
                 f"`{summary['replay_sft']['checkpoint']}`."] if "checkpoint" in summary["replay_sft"] else []),
              f"- GRPO: {grpo.get('steps', 0)} steps, G={cfg['group_size']}, {cfg['batch_groups']} groups per step, "
-             f"lr {cfg['grpo_lr']}; final: `{grpo.get('final_checkpoint', '-')}`.", "",
+             f"lr {cfg['grpo_lr']}, {'LoRA r' + str(cfg['grpo_lora_rank']) if cfg['grpo_lora_rank'] else 'every weight'}"
+             f", {cfg['grpo_precision']}; final: `{grpo.get('final_checkpoint', '-')}`.", "",
              "## Evaluation (greedy)", "", "| policy | BFCL single-turn (free decoding) | test F1 |", "|---|---|---|"]
     f1 = grpo.get("test_f1", {}) if isinstance(grpo, dict) else {}
     for label in ("untrained", "sft", "sft + replays", "sft + grpo"):

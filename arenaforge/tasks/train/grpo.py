@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Rollout
 
 ADV_EPS = 1e-4  # TRL's constant, so advantages agree exactly
@@ -44,6 +45,11 @@ class GrpoConfig:
     # the trainer computes would instead push probability onto or off tokens the constraint never lets through.
     # Only for engines whose log-probs are those of the distribution sampled from (hf, constrained or not).
     skip_forced_tokens: bool = False
+    # As in SFT (train/sft.py): bf16 autocast for the forward and backward (weights and optimizer stay fp32), and
+    # LoRA adapters (rank r, every linear layer; the run wraps the model, train/run_grpo.py) instead of every weight.
+    # With old_logprobs "policy" the ratio is 1 whatever the precision; with "engine" it compares against the engine.
+    precision: Literal["fp32", "bf16"] = "fp32"
+    lora_rank: int = 0
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -152,7 +158,8 @@ class GrpoTrainer:
         self.model = model
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.trained = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(self.trained, lr=cfg.lr, weight_decay=cfg.weight_decay)
         warmup = max(cfg.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
@@ -180,7 +187,8 @@ class GrpoTrainer:
             part = rollouts[start : start + self.cfg.micro_batch_size]
             batch = pack(part, advantages[start : start + len(part)], self.pad_id, skip).to(self.device)
             first = first_loss_position(batch.loss_mask)
-            logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask, first)
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"):
+                logp = token_logprobs(self.model, batch.input_ids, batch.attention_mask, first)
             old = logp.detach() if self.cfg.old_logprobs == "policy" else batch.engine_logp
             loss, stats = policy_loss(logp, old, batch.advantages, batch.loss_mask, self.cfg.eps_low,
                                       self.cfg.eps_high, normalizer=total_tokens)
@@ -190,7 +198,7 @@ class GrpoTrainer:
             clip_low += stats["clip_low"] * share
             clip_high += stats["clip_high"] * share
             tokens_seen += int(batch.attention_mask.sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trained, self.cfg.max_grad_norm)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -202,8 +210,22 @@ class GrpoTrainer:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.cfg.lora_rank:  # the checkpoint's weights are merged; resume needs the adapters themselves
+            from peft import get_peft_model_state_dict
+
+            state["adapter"] = get_peft_model_state_dict(self.model)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.cfg.lora_rank:
+            from peft import set_peft_model_state_dict
+
+            if "adapter" not in state:
+                raise InputError("this GRPO checkpoint holds no LoRA adapters; resume it with the rank it was "
+                                 "trained with (--lora-rank 0 for every weight)")
+            set_peft_model_state_dict(self.model, state["adapter"])
+        elif "adapter" in state:
+            raise InputError("this GRPO checkpoint's run trained LoRA adapters; resume it with its --lora-rank")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -37,6 +37,16 @@ class _Params(BaseModel):
     db: str | None = Field(default=None, description="Warehouse file (overrides warehouse.path).")
 
 
+class WeightUpdates(BaseModel):
+    """How a trainer updates the weights: one declaration for SFT and GRPO."""
+
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: mixed precision (bf16 autocast, fp32 weights and optimizer); 1.2-2.2x faster "
+                                    "for SmolLM2-135M on a CPU with AMX, `arenaforge bench train_speed`.")
+    lora_rank: int = Field(default=0, ge=0, description="0: train every weight; r > 0: LoRA adapters of rank r on "
+                           "every linear layer (needs peft: `arenaforge[lora]`); checkpoints hold the merged model.")
+
+
 class PolicyParams(_Params):
     engine: EngineName = Field(default="hf", description="hf (transformers, in this process), vllm (HTTP server) or "
                                "vllm-local (in-process vLLM).")
@@ -118,7 +128,7 @@ class VerlParams(BaseModel):
     total_steps: int = Field(default=200, description="verl: training steps.")
 
 
-class GrpoParams(PolicyParams):
+class GrpoParams(PolicyParams, WeightUpdates):
     experiment: str = Field(default="grpo", description="Name; checkpoints go to the folder `OUT_DIR/EXPERIMENT`, "
                             "the warm start to `OUT_DIR/EXPERIMENT-warmstart`.")
     out_dir: str | None = Field(default=None, description="Parent folder of experiments (default: the config's "
@@ -175,7 +185,7 @@ class WarmstartParams(_Params):
     seed: int = Field(default=0, description="Seed of the copy-forced variants.")
 
 
-class SftParams(_Params):
+class SftParams(_Params, WeightUpdates):
     data: str | None = Field(default=None, description="SFT export: OpenAI messages+tools JSONL (default: the "
                              "config's out_dir + `/sft.jsonl`, where `arenaforge sft export` writes).")
     model_path: str | None = Field(default=None, description="Model dir or checkpoint, or a named policy "
@@ -191,11 +201,6 @@ class SftParams(_Params):
     checkpoint_every: int = Field(default=50, ge=1, description="Save weights every k steps (and at the last).")
     keep_optimizer: int = Field(default=2, ge=1, le=2, description="Checkpoints that keep optimizer state (resume).")
     seed: int = Field(default=0, description="Seed of the data order.")
-    precision: Literal["fp32", "bf16"] = Field(
-        default="fp32", description="bf16: mixed precision (bf16 autocast, fp32 weights and optimizer); 1.2-2.2x faster "
-                                    "for SmolLM2-135M on a CPU with AMX, `arenaforge bench train_speed`.")
-    lora_rank: int = Field(default=0, ge=0, description="0: train every weight; r > 0: LoRA adapters of rank r on "
-                           "every linear layer (needs peft: `arenaforge[lora]`); checkpoints hold the merged model.")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -418,7 +423,8 @@ async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] |
         checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
         concurrency=params.concurrency, seed=params.seed, device=params.device, rollout=params.episode.rollout_config(params.seed),
         grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs,
-                        skip_forced_tokens=params.skip_forced_tokens and params.engine == "hf"),
+                        skip_forced_tokens=params.skip_forced_tokens and params.engine == "hf",
+                        precision=params.precision, lora_rank=params.lora_rank),
     )
     factory = engine_factory(params.model_copy(update={"model_path": path}))
     structures = {env_id: row.stratum for env_id, row in
@@ -513,6 +519,9 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
     from arenaforge.tasks.verl.job import VerlJobSpec, submit, write_job
 
     v = params.verl
+    if params.lora_rank or params.precision != "fp32":  # verl sets these in its own actor config, not ours
+        raise InputError("train grpo: --lora-rank and --precision are for training here; verl's actor has its own "
+                         "(actor_rollout_ref.model.lora_rank, its FSDP mixed precision) in the written job")
     spec = VerlJobSpec(
         model_path=model_path_for(params.model_path), out_dir=str(out / "verl"), experiment=params.experiment,
         train_batch_size=v.train_batch_size, group_size=params.group_size, lr=params.lr,

@@ -33,6 +33,7 @@ from arenaforge.tasks.train.batching import AdaptiveBatcher
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.tasks.train.curriculum import Curriculum
 from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
+from arenaforge.tasks.train.sft import merged, with_lora
 from arenaforge.warehouse import Warehouse
 
 EngineFactory = Callable[[Any, Any], PolicyEngine]  # (model, tokenizer) -> engine
@@ -69,13 +70,19 @@ class GrpoSummary:
     metrics: list[dict[str, float]]
 
 
-def load_policy(model_path: str | Path, manager: CheckpointManager, device: str = "cpu") -> tuple[Any, Any, Any, str]:
-    """(model, tokenizer, saved-or-None, source path): the newest resumable checkpoint, else `model_path`."""
+def load_policy(model_path: str | Path, manager: CheckpointManager, device: str = "cpu",
+                lora_rank: int = 0) -> tuple[Any, Any, Any, str]:
+    """(model, tokenizer, saved-or-None, source path): the newest resumable checkpoint, else `model_path`.
+
+    With `lora_rank` the model is `model_path` with fresh adapters (a resumed run's come from its trainer state:
+    its checkpoint's weights have them merged in)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     saved = manager.latest_resumable()
     source = str(saved.path) if saved else str(model_path)
-    model = AutoModelForCausalLM.from_pretrained(source).to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(model_path) if lora_rank else source).to(device)
+    if lora_rank:
+        model = with_lora(model, lora_rank)
     tokenizer = AutoTokenizer.from_pretrained(source)
     return model, tokenizer, saved, source
 
@@ -131,7 +138,7 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
     out = Path(cfg.out_dir)
     experiment = out.name
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
-    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device)
+    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device, cfg.grpo.lora_rank)
     trainer = GrpoTrainer(model, tokenizer, cfg.grpo)
     step, cursor = 0, 0
     if saved is not None:
@@ -184,7 +191,7 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
                                      metrics=metrics, run_id=run_id))
             if manager.due(step, last=step == cfg.steps):
                 state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
-                ckpt = manager.save(step, model, tokenizer, state,
+                ckpt = manager.save(step, merged(model) if cfg.grpo.lora_rank else model, tokenizer, state,
                                     {"groups_launched": launched, "algorithm": "grpo", "seed": cfg.seed})
                 summary.checkpoints.append(str(ckpt.path))
                 records.append(Checkpoint(experiment=experiment, algorithm="grpo", step=step, path=str(ckpt.path),
