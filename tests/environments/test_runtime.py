@@ -163,3 +163,37 @@ def test_many_sessions_in_parallel_stay_isolated(sandbox: PoolHandle) -> None:
     results = sandbox.run(all_of_them())
     for mine, seen in results:
         assert json.loads(seen) == {"messages": [mine]}
+
+
+def test_a_shared_load_failure_whose_waiter_gave_up_is_not_logged_as_never_retrieved():
+    """A zygote load is one future shared by every session waiting on it (`WorkerPool._load`), read through
+    `asyncio.shield`. When the only waiter's own deadline cancelled it first, nobody read the failure and asyncio
+    logged "Future exception was never retrieved" under load; the future now marks its failure read itself."""
+    import gc
+
+    from arenaforge.environments.runtime.workers import _retrieved
+    from arenaforge.environments.runtime.errors import Overloaded
+
+    def run(mark: bool) -> list[str]:
+        logged: list[str] = []
+        loop = asyncio.new_event_loop()
+        loop.set_exception_handler(lambda _loop, context: logged.append(context["message"]))
+
+        async def main() -> None:
+            ready = loop.create_future()
+            if mark:
+                ready.add_done_callback(_retrieved)
+            waiter = asyncio.ensure_future(asyncio.shield(ready))
+            await asyncio.sleep(0)
+            waiter.cancel()  # the session's open deadline passed first
+            await asyncio.gather(waiter, return_exceptions=True)
+            ready.set_exception(Overloaded("worker-0 loaded nothing in 60 s"))
+            await asyncio.sleep(0)
+
+        loop.run_until_complete(main())
+        loop.close()
+        gc.collect()
+        return logged
+
+    assert run(mark=False) == ["Future exception was never retrieved"]  # the log this guards against, reproduced
+    assert run(mark=True) == []

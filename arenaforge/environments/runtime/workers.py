@@ -190,6 +190,7 @@ class WorkerSlots:
         loaded = worker.loaded.get(template.key)
         if loaded is None:
             loaded = worker.loaded[template.key] = Loaded(asyncio.get_running_loop().create_future())
+            loaded.ready.add_done_callback(_retrieved)
             self._background(self._send_load(worker, template, loaded))
         loaded.last_used = next(self._uses)
         await asyncio.shield(loaded.ready)
@@ -244,7 +245,16 @@ class WorkerSlots:
         task = self._placements.get(wanted)
         if task is None:
             task = self._placements[wanted] = asyncio.get_running_loop().create_task(self.launcher.place(list(wanted)))
+            task.add_done_callback(_retrieved)
         try:
             return await asyncio.shield(task)
         except Unavailable as err:
             raise RequirementUnavailable(env.name, err.requirement, err.detail) from None
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a shared future's failure as read. Its waiters read it through `asyncio.shield`, but a waiter cancelled
+    before it fails (a caller's own deadline) no longer does, and asyncio then logs "exception was never retrieved"
+    for a failure every later waiter still gets."""
+    if not future.cancelled():
+        future.exception()
