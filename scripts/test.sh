@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 export PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 mkdir -p out/setup
 
+# The one long compile (llama.cpp, ~5 min) needs no .venv: it starts first and runs beside everything below.
+bash scripts/setup-llm.sh --build-only >out/setup/llm-build.log 2>&1 &
 bash scripts/setup.sh  # .venv first: the steps below install into it or run its CLI
 
 # The rest are independent, and on a bare machine mostly wait on downloads or on one compile: run them side by
