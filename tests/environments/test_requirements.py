@@ -71,6 +71,32 @@ def test_declared_requirement_is_importable_in_sessions(backend: str) -> None:
         assert images == [None]
 
 
+@pytest.mark.docker
+def test_sessions_of_a_derived_image_spread_over_more_than_one_worker() -> None:
+    """Issue 35: every session of an environment with requirements used to share one derived-image worker (one
+    container). Sessions open at once now spread over up to `pool_size` workers of that image."""
+    require_docker()
+
+    async def scenario() -> tuple:
+        async with await create_pool(SandboxConfig(backend="docker", pool_size=2)) as pool:
+            env = pi_env(["mpmath==1.3.0"], name="pi-spread")
+            first = await pool.open(env)  # the image's first worker
+            second = await pool.open(env)  # that worker is busy: another starts
+            while sum(1 for w, i in zip(pool.workers, pool.images) if i and w is not None and w.alive) < 2:
+                await asyncio.sleep(0.05)  # it starts in the background; wait for it, not for a time
+            sessions = [first, second] + [await pool.open(env) for _ in range(4)]
+            outputs = [(await pool.call(s, "pi", {"digits": 5})).output for s in sessions]
+            workers = {s.worker.index for s in sessions}
+            for s in sessions:
+                await pool.close(s)
+            return outputs, workers, list(pool.images)
+
+    outputs, workers, images = asyncio.run(scenario())
+    assert outputs == ["3.1416"] * 6
+    assert images[:2] == [None, None] and len(images) == 4 and len(set(images[2:])) == 1  # two of the derived image
+    assert len(workers) == 2 and all(images[i] == images[2] for i in workers)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_missing_wheel_names_the_requirement_and_nothing_else_fails(backend: str) -> None:
     async def scenario() -> tuple:

@@ -1,5 +1,5 @@
-"""The pool's worker slots: `pool_size` long-lived workers (plus one per derived image, for environments with
-declared requirements), launched, said hello to, replaced when they die, and loaded with environment versions (one
+"""The pool's worker slots: `pool_size` long-lived workers (plus, per derived image for environments with declared
+requirements, one more whenever all of that image's are busy, up to `pool_size`), launched, said hello to, replaced when they die, and loaded with environment versions (one
 zygote per worker and version, evicted least recently used past `template_cache_mb`). `Pool` (pool.py) adds sessions
 on top."""
 
@@ -148,6 +148,12 @@ class WorkerSlots:
             self.images.append(image)
             slots = [len(self.workers) - 1]
         live = on_least_loaded_engine([w for w in (self.workers[i] for i in slots) if w is not None and w.alive])
+        if image is not None and live and len(slots) < self.cfg.pool_size and min(len(w.sessions) for w in live):
+            # a derived image's sessions spread like the pool's own: while every worker of it is busy, one more (up
+            # to pool_size) starts in the background; this session goes to the least busy meanwhile
+            self.workers.append(None)
+            self.images.append(image)
+            self._background(self._replace_quietly(len(self.workers) - 1))
         if live:  # the least busy, preferring one that has the environment loaded already
             return min(live, key=lambda w: (len(w.sessions) + (0 if key in w.loaded else 2), w.index))
         dead = [i for i in slots if self.workers[i] is None or not self.workers[i].alive]
