@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from arenaforge.schemas.models import Environment
 from arenaforge.tasks.benchmarks.learning_pretrained import paired, split_export
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.splits import read_splits
@@ -44,7 +45,7 @@ def test_one_command_trains_and_measures_a_pretrained_policy(tmp_path: Path) -> 
     done = subprocess.run([*CLI, "--out", str(out), "--policy", "tiny", "--n", "20", "--chains-per-server", "2",
                            "--sft-epochs", "2", "--lora-rank", "0", "--sft-replays", "3", "--grpo-steps", "1",
                            "--group-size", "2", "--batch-groups", "1", "--eval-limit", "2", "--bfcl-limit", "1",
-                           "--bfcl-constrained"],
+                           "--bfcl-constrained", "--bfcl-multi-turn-limit", "1"],
                           capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
@@ -67,8 +68,15 @@ def test_one_command_trains_and_measures_a_pretrained_policy(tmp_path: Path) -> 
     assert all(bfcl[stage]["items"] == 3 for stage in stages)
     assert all(bfcl[key]["items"] == 3 for key in ("sft_minus_untrained", "replays_minus_sft", "grpo_minus_sft"))
     assert set(bfcl["constrained_and_grounded"]) == stages  # beside free, never instead
+    # BFCL multi-turn base: the untrained and the final policy, free decoding, BFCL's own checks; its tasks live in a
+    # warehouse of their own, never among the environments GRPO trains on
+    multi = got["bfcl_multi_turn_base"]
+    assert multi["suite"] == "bfcl_multi_turn_base" and multi["environments"] == 1 and multi["decoding"] == "free (greedy)"
+    assert set(multi) >= {"untrained", "sft + grpo"}
+    assert all(multi[label]["episodes"] == 1 and 0.0 <= multi[label]["native"] <= 1.0 for label in ("untrained", "sft + grpo"))
+    assert not any(e.native for e in Warehouse(got["warehouse"]).load(Environment))
     card = (out / "MODEL_CARD.md").read_text()
-    assert "| sft + grpo |" in card and sft["chosen_checkpoint"] in card
+    assert "| sft + grpo |" in card and sft["chosen_checkpoint"] in card and "BFCL multi-turn base (1 task" in card
 
 
 def test_a_policy_that_is_not_a_model_is_one_line_before_any_work(tmp_path: Path) -> None:

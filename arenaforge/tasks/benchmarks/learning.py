@@ -101,9 +101,10 @@ async def _bfcl(paths: dict[str, str], limit: int, ground: bool = True) -> dict[
 
 
 async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: str, suite_db: str,
-                         limit: int | None = None) -> dict[str, Any]:
+                         limit: int | None = None, episode: Any = None) -> dict[str, Any]:
     """Each stage's policy on an imported suite (`envs import ...`, stored in `suite_db`), every split, greedy with the
-    training episode limits: our F1 and the suite's own metric (`native`), beside the test split's numbers."""
+    training episode limits (or `episode`): our F1 and the suite's own metric (`native`), beside the test split's
+    numbers."""
     from arenaforge.tasks.train.jobs import TRAIN_EPISODE, EnvSelection, PolicyParams, evaluate_policy, matching_envs
 
     envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
@@ -112,7 +113,7 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     # an imported suite compares whole results and states: never cut them (as `eval --suite` does)
     cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
         update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
-    episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0})
+    episode = episode or TRAIN_EPISODE.model_copy(update={"temperature": 0.0})
     out: dict[str, Any] = {"suite": suite, "environments": len(envs)}
     for label, path in paths.items():
         row = await evaluate_policy(cfg, wh, PolicyParams(model_path=path), path, envs, episode,

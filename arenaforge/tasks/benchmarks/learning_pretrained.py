@@ -16,7 +16,9 @@ handler decodes it). One command, one run, fixed seeds, offline, on CPU:
   4. GRPO (`train grpo`) from that checkpoint on the train environments: G rollouts per group, environments drawn by
      measured pass rate (p(1-p)), evaluated greedily on held-out test environments before and after;
   5. BFCL single-turn (simple, multiple, parallel) with free decoding for the untrained policy, after each SFT stage
-     and after GRPO, scored by bfcl-eval's own checker when `scripts/setup-bfcl.sh` installed it; paired 95% intervals.
+     and after GRPO, scored by bfcl-eval's own checker when `scripts/setup-bfcl.sh` installed it; paired 95% intervals;
+  6. BFCL multi-turn base (`envs import bfcl`, into a warehouse of its own so no task can join the training split),
+     the untrained and the final policy, free decoding, scored by BFCL's own per-turn state and response checks.
 
 Prints the table as JSON and writes `<out>/summary.json` and `<out>/MODEL_CARD.md` beside the checkpoints.
 """
@@ -55,6 +57,36 @@ def split_export(path: Path, share: float, seed: int) -> tuple[Path, Path, int, 
     train.write_text("".join(r + "\n" for r in rows[held:]))
     validation.write_text("".join(r + "\n" for r in rows[:held]))
     return train, validation, len(rows) - held, held
+
+
+# BFCL multi-turn episodes play every user turn of a task: room for each (the training limits would end most tasks
+# in their first turn), free decoding as BFCL runs a model, greedy.
+MULTI_TURN_EPISODE = {"max_turns": 4, "max_length": 2048, "max_tokens_per_turn": 128, "temperature": 0.0,
+                      "constrain_tool_calls": False, "ground_arguments": False}
+
+
+async def bfcl_multi_turn(cfg: Any, wh: Warehouse, root: Path, paths: dict[str, str], limit: int) -> dict[str, Any]:
+    """BFCL multi-turn base: its first `limit` tasks imported once into `<root>/bfcl_multi_turn.duckdb` (the
+    importer replays each task's gold calls in the sandbox for BFCL's checks), then each policy in `paths` on them,
+    free decoding: BFCL's own metric (`native`: the share of tasks whose every turn passes its state and response
+    checks) beside our F1, per task for paired intervals."""
+    from arenaforge.environments.runtime import create_pool
+    from arenaforge.tasks.benchmarks.learning import evaluate_suite
+    from arenaforge.tasks.envs.import_bfcl import SUITE, import_suite, locate
+    from arenaforge.tasks.train.jobs import EpisodeParams
+
+    suite, db = f"{SUITE}_base", root / "bfcl_multi_turn.duckdb"
+    store = Warehouse(db)
+    if store.count("environments") == 0:
+        try:
+            source = locate(None)
+        except Exception as err:  # noqa: BLE001 - the bench reports what it could not measure, then goes on
+            return {"skipped": f"bfcl-eval is not installed: {err}"}
+        sandbox = cfg.sandbox.model_copy(update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})
+        async with await create_pool(sandbox) as pool:
+            envs, rejections = await import_suite(pool, source, ["base"], limit)
+        store.upsert([*envs, *rejections])
+    return await evaluate_suite(cfg, wh, paths, suite, str(db), limit, EpisodeParams(**MULTI_TURN_EPISODE))
 
 
 async def bfcl_of(path: str, items: list[Any], constrain: bool = False) -> dict[str, Any]:
@@ -113,7 +145,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                grpo_lora_rank: int = 0, grpo_precision: str = "bf16",
                group_size: int = 8, batch_groups: int = 2, max_groups_per_step: int = 4, test_share: float = 0.2,
                eval_limit: int = 20,
-               bfcl_limit: int = 20, bfcl_constrained: bool = False, sandbox: str = "process",
+               bfcl_limit: int = 20, bfcl_constrained: bool = False, bfcl_multi_turn_limit: int = 20,
+               sandbox: str = "process",
                seed: int = 0) -> dict[str, Any]:
     """A real pretrained policy: SFT on the project's export, then GRPO on its environments; BFCL single-turn
     (free decoding) before and after each, and held-out test F1, with paired 95% intervals.
@@ -144,6 +177,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         eval_limit: Test environments each policy is evaluated on.
         bfcl_limit: BFCL single-turn questions per category (0: skip BFCL).
         bfcl_constrained: Also BFCL with constrained and grounded decoding, beside free decoding (never instead).
+        bfcl_multi_turn_limit: BFCL multi-turn base tasks the untrained and the final policy play (0: skip).
         sandbox: Sandbox backend: process, docker or auto.
         seed: Seed of synthesis, splits, training and sampling.
     """
@@ -231,11 +265,19 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         if items:
             bfcl["sft + grpo"] = await bfcl_of(result["final_checkpoint"], items)
 
+    stages = {"sft": chosen, **({"sft + replays": start} if sft_replays else {}),
+              **({"sft + grpo": grpo["final_checkpoint"]} if grpo_steps else {})}
     constrained: dict[str, Any] = {}
     if items and bfcl_constrained:
-        paths = {"untrained": base, "sft": chosen, **({"sft + replays": start} if sft_replays else {}),
-                 **({"sft + grpo": grpo["final_checkpoint"]} if grpo_steps else {})}
-        constrained = {label: _bfcl_row(await bfcl_of(path, items, constrain=True)) for label, path in paths.items()}
+        constrained = {label: _bfcl_row(await bfcl_of(path, items, constrain=True))
+                       for label, path in {"untrained": base, **stages}.items()}
+    multi_turn: dict[str, Any] = {"skipped": "bfcl_multi_turn_limit 0"}
+    if bfcl_multi_turn_limit:
+        mark = time.perf_counter()
+        final = list(stages.items())[-1]  # the last stage's policy
+        multi_turn = await bfcl_multi_turn(cfg, wh, root, {"untrained": base, final[0]: final[1]}, bfcl_multi_turn_limit)
+        multi_turn["decoding"] = "free (greedy)"
+        wall["bfcl_multi_turn_s"] = round(time.perf_counter() - mark, 1)
     table: dict[str, Any] = {"data": origin, "per_category_limit": bfcl_limit, "decoding": "free (greedy)"}
     if items:
         first = next(iter(bfcl.values()))
@@ -266,7 +308,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
         "data": data,
         "sft": {"run_id": sft["run_id"], "steps": sft_steps, "last_loss": sft["last_loss"],
                 "validation_loss": losses, "chosen_checkpoint": chosen},
-        "replay_sft": replays, "grpo": grpo, "bfcl": table, "wall_clock": wall, "warehouse": str(db),
+        "replay_sft": replays, "grpo": grpo, "bfcl": table, "bfcl_multi_turn_base": multi_turn, "wall_clock": wall,
+        "warehouse": str(db),
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (root / "MODEL_CARD.md").write_text(model_card(summary))
@@ -295,5 +338,11 @@ def model_card(summary: dict[str, Any]) -> str:
         row = bfcl.get(label)
         score = f"{row['correct']}/{row['items']} ({row['accuracy']:.3f})" if row else "-"
         lines.append(f"| {label} | {score} | {f1[label]['f1']:.3f} |" if label in f1 else f"| {label} | {score} | - |")
+    multi = summary.get("bfcl_multi_turn_base", {})
+    if "environments" in multi:
+        scores = ", ".join(f"{label} {row['native']}" for label, row in multi.items() if isinstance(row, dict))
+        tasks = f"{multi['environments']} task{'s' if multi['environments'] != 1 else ''}"
+        lines += ["", f"BFCL multi-turn base ({tasks}, free decoding, BFCL's own checks; share "
+                      f"of tasks passed): {scores}."]
     lines += ["", f"BFCL scorer: {bfcl.get('scorer', bfcl.get('data'))}. Paired 95% intervals in summary.json.", ""]
     return "\n".join(lines)
