@@ -177,6 +177,12 @@ class HfEngine:
         import torch
 
         prefixes, owner, cut = shared_prefixes(prompts, 16 if self.share_prefixes else None)
+        if len(prefixes) == len(prompts):  # nothing shared: one pass over the whole prompts
+            ids, attn = _left_padded(prompts, self.pad_id)
+            positions = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                             position_ids=positions.to(self.device), use_cache=True, logits_to_keep=1)
+            return out, attn, positions
         head_ids, head_attn = _left_padded(prefixes, self.pad_id)
         head_pos = (head_attn.cumsum(-1) - 1).clamp(min=0)
         head = self.model(input_ids=head_ids.to(self.device), attention_mask=head_attn.to(self.device),
