@@ -352,3 +352,12 @@ def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
     first = save_curves(fig, tmp_path, "train-grpo-x", "run_a")
     second = save_curves(curves_figure(warm, grpo), tmp_path, "train-grpo-x", "run_b")  # a resumed run: new file
     assert first != second and first.exists() and second.exists() and first.stat().st_size > 5_000
+
+
+def test_lora_and_bf16_are_refused_for_verl_in_one_line():
+    """verl trains with its own actor config: a LoRA rank or precision set here would be silently ignored there."""
+    from arenaforge.tasks.train.jobs import GrpoParams, VerlParams, verl_job
+
+    for extra in ({"lora_rank": 8}, {"precision": "bf16"}):
+        with pytest.raises(InputError, match="--lora-rank and --precision are for training here"):
+            verl_job(GrpoParams(verl=VerlParams(spec_only=True), **extra), None, None, [], None)
