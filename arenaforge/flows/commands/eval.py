@@ -16,7 +16,8 @@ app = typer.Typer(help="Evaluate a policy on held-out environments, or on an imp
 @app.callback()
 def suite_shortcut(
     ctx: typer.Context,
-    suite: str = typer.Option(None, "--suite", help="`arenaforge eval --suite NAME` = `arenaforge eval run --suite NAME`."),
+    suite: str = typer.Option(None, "--suite", help="`arenaforge eval --suite NAME` = `arenaforge eval run --suite NAME` with its defaults; "
+                               "to set anything else (--model-path, ...) use `eval run`."),
 ) -> None:
     """Evaluate a policy on held-out environments, or on an imported suite (--suite)."""
     if ctx.invoked_subcommand is not None:
