@@ -141,11 +141,11 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                chains_per_server: int = 6,
                sft_epochs: int = 3, sft_lr: float = 2e-4, sft_batch_size: int = 2, lora_rank: int = 16,
                sft_max_length: int = 2048, validation_share: float = 0.1, sft_replays: int = 64,
-               grpo_steps: int = 2, grpo_lr: float = 2e-6, grpo_micro_batch_size: int = 2,
-               grpo_lora_rank: int = 0, grpo_precision: str = "bf16",
+               grpo_steps: int = 6, grpo_lr: float = 5e-5, grpo_micro_batch_size: int = 2,
+               grpo_lora_rank: int = 16, grpo_precision: str = "bf16",
                group_size: int = 8, batch_groups: int = 2, max_groups_per_step: int = 4, test_share: float = 0.2,
                eval_limit: int = 20,
-               bfcl_limit: int = 20, bfcl_constrained: bool = False, bfcl_multi_turn_limit: int = 20,
+               bfcl_limit: int = 20, bfcl_constrained: bool = False, bfcl_multi_turn_limit: int = 10,
                sandbox: str = "process",
                seed: int = 0) -> dict[str, Any]:
     """A real pretrained policy: SFT on the project's export, then GRPO on its environments; BFCL single-turn
