@@ -101,7 +101,7 @@ async def _bfcl(paths: dict[str, str], limit: int, ground: bool = True) -> dict[
 
 
 async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: str, suite_db: str,
-                         limit: int | None = None, episode: Any = None) -> dict[str, Any]:
+                         limit: int | None = None, episode: Any = None, concurrency: int = 32) -> dict[str, Any]:
     """Each stage's policy on an imported suite (`envs import ...`, stored in `suite_db`), every split, greedy with the
     training episode limits (or `episode`): our F1 and the suite's own metric (`native`), beside the test split's
     numbers."""
@@ -117,7 +117,7 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     out: dict[str, Any] = {"suite": suite, "environments": len(envs)}
     for label, path in paths.items():
         row = await evaluate_policy(cfg, wh, PolicyParams(model_path=path), path, envs, episode,
-                                    label=f"{label} on {suite}", suite=suite)
+                                    label=f"{label} on {suite}", suite=suite, concurrency=concurrency)
         out[label] = {"f1": round(row["f1"], 4), "native": row.get("native"), "episodes": row["episodes"],
                       "statuses": row["statuses"]}
     return out

@@ -86,7 +86,9 @@ async def bfcl_multi_turn(cfg: Any, wh: Warehouse, root: Path, paths: dict[str, 
         async with await create_pool(sandbox) as pool:
             envs, rejections = await import_suite(pool, source, ["base"], limit)
         store.upsert([*envs, *rejections])
-    return await evaluate_suite(cfg, wh, paths, suite, str(db), limit, EpisodeParams(**MULTI_TURN_EPISODE))
+    # 4 episodes at once: BFCL's tool documents make ~5k-token prompts, and 8 of them in one batch held 12.9 GB here
+    return await evaluate_suite(cfg, wh, paths, suite, str(db), limit, EpisodeParams(**MULTI_TURN_EPISODE),
+                                concurrency=4)
 
 
 async def bfcl_of(path: str, items: list[Any], constrain: bool = False) -> dict[str, Any]:
