@@ -129,12 +129,14 @@ class _Engine:
             _prepare_directory(location)
         self.timeout_s = timeout_s
         with writer_lock.hold(timeout_s):  # the first ATTACH creates the catalog: one process at a time
+            if location.directory is not None:
+                _use_wal(location)
             try:
                 _retry_busy(lambda: self.db.execute(location.attach_sql(ALIAS)), timeout_s)
             except duckdb.Error as err:
                 self.db.close()
                 raise WarehouseError(f"cannot open warehouse {location.target}: {str(err).splitlines()[0]}") from None
-        self.db.execute(f"USE {ALIAS}")
+        _retry_busy(lambda: self.db.execute(f"USE {ALIAS}"), timeout_s)  # reads the catalog: busy while another process writes it
         self.users = 0
 
     def cursor(self, begin: bool = False) -> duckdb.DuckDBPyConnection:
@@ -219,11 +221,18 @@ def _prepare_directory(location: LakeLocation) -> None:
     if directory.exists() and not directory.is_dir():
         raise WarehouseError(f"{directory} is a file, not a warehouse directory")
     directory.mkdir(exist_ok=True)
+
+
+def _use_wal(location: LakeLocation) -> None:
+    """Under the writer lock: two processes opening a new lake at once both switched the journal mode,
+    and one failed "database is locked" at once (measured; SQLite does not wait on that switch).
+    """
     # WAL: a reader's open transaction no longer blocks writers (in the default rollback-journal
     # mode a DuckDB CLI session holding a transaction makes every commit fail "database is locked").
     con = sqlite3.connect(location.target)
     try:
-        con.execute("PRAGMA journal_mode=WAL").fetchall()
+        if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            con.execute("PRAGMA journal_mode=WAL").fetchall()
     finally:
         con.close()
 

@@ -38,12 +38,14 @@ def write_batch(db: str, tag: str, start: int, stop: int, run_id: str) -> int:
 
 
 def _tick_until_done(wh: Warehouse, params: ProbeParams, run_id: str, since: str) -> int:
-    """Interleave writes with another flow's run: one row per tick until it has completed."""
+    """Interleave writes with another flow's run: one row per tick until it has completed.
+
+    A run that finished after this one started overlapped it, whichever of the two the worker started first."""
     deadline = time.monotonic() + params.wait_timeout_s
     new, tick = 0, 0
     while True:
         _, done = wh.query(
-            "SELECT count(*) FROM v_runs WHERE flow = ? AND status = 'completed' AND started_at >= ?",
+            "SELECT count(*) FROM v_runs WHERE flow = ? AND status = 'completed' AND finished_at >= ?",
             [params.wait_for_flow, since],
         )
         if done[0][0]:
