@@ -107,8 +107,15 @@ class SandboxConfig(_Section):
         default=60.0, gt=0, description="Limit for reading a session's state back (`pool.state`): harness work, not "
                                         "the tool's time; a multi-megabyte state on a busy worker takes seconds.")
     session_timeout_s: float = Field(default=600.0, gt=0, description="Wall-clock limit of one session (an episode).")
-    memory_mb: int = Field(default=512, ge=32, description="Address space of one session process.")
+    memory_mb: int = Field(default=512, ge=32, description="Address space of one session process, and (with "
+                                                          "session_cgroups) all memory its session holds.")
     pids: int = Field(default=64, ge=8, description="Processes one session may run.")
+    session_cgroups: bool = Field(
+        default=True,
+        description="A cgroup per session where the worker is root on cgroup v1: memory_mb then also caps memory a "
+                    "session holds outside its address space (memfd, pipes, tmpfs, kernel memory), pids its processes, "
+                    "and on Docker each session weighs as one process for the CPU however many it starts.",
+    )
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
     nice: int = Field(
         default=19, ge=0, le=19,

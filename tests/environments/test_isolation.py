@@ -115,6 +115,30 @@ def mqueue(name: str, message: str = ""):
     got = libc.mq_receive(qd, buf, len(buf), None)
     return {"read": buf.raw[:got].decode() if got >= 0 else None}
 
+def hold_memfd(mb: int):
+    """Memory no address-space limit sees: pages written into an anonymous file, kept while the session lives."""
+    global HELD
+    HELD = os.memfd_create("held")
+    chunk = b"m" * (1 << 20)
+    for _ in range(mb):
+        os.write(HELD, chunk)
+    return "held"
+
+def spin_children(n: int):
+    """Busy processes left running in the background: the call itself returns at once."""
+    for _ in range(n):
+        if os.fork() == 0:
+            while True:
+                pass
+    return "spinning"
+
+def burn(seconds: float):
+    import time
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return os.getpid()
+
 def leave_behind():
     """What a tool may leave running: children never waited for, a daemon in a session of its own, a sleeper."""
     import subprocess, time
@@ -129,7 +153,7 @@ def leave_behind():
     return "left"
 '''
 TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
-         "touch_many", "mqueue", "leave_behind")
+         "touch_many", "mqueue", "leave_behind", "hold_memfd", "spin_children", "burn")
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
@@ -271,6 +295,103 @@ def test_posix_message_queues_are_private_and_gone_with_their_session(small: Poo
     assert got["b_reads"] == got["c_reads"] == {"errno": "ENOENT"}  # a neighbour's, or a closed session's: none
     if os.path.isdir("/dev/mqueue") or small.pool.backend == "docker":  # a /dev/mqueue to look in
         assert f"{name[1:]}-file" in got["a_lists"] and name[1:] not in got["b_lists"]
+
+
+def needs_cgroups(h: PoolHandle, controller: str) -> None:
+    if controller not in h.pool.info.get("cgroups", []):
+        why = h.pool.info.get("cgroups_missing") or f"no {controller} group per session on this backend"
+        pytest.skip(f"optional: no per-session {controller} cgroup here ({why})")
+
+
+def test_memory_held_outside_the_address_space_ends_that_session_only(small: PoolHandle) -> None:
+    """One session held 3.6 GB in a memfd under a 512 MB address-space limit, and the container's OOM killer took its
+    neighbours (issue 35). Its own cgroup now counts those pages: the kernel kills it, the tool's `limit`."""
+    needs_cgroups(small, "memory")
+    pool = small.pool
+    limit = pool.cfg.memory_mb
+
+    async def scenario() -> tuple[ToolObservation, list[ToolObservation], str]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        before = await _calls(pool, b, ("write", {"path": "/tmp/mine", "text": "B-STATE"}), ("whoami", {}))
+        held = await pool.call(a, "hold_memfd", {"mb": 2 * limit + 64})
+        after = await _calls(pool, b, ("read", {"path": "/tmp/mine"}), ("whoami", {}))
+        again = (await pool.call(a, "whoami", {})).outcome  # the attacker's session restarted and serves again
+        await pool.close(a)
+        await pool.close(b)
+        return held, before + after, again
+
+    held, neighbour, again = small.run(scenario())
+    assert held.outcome == "limit" and "killed for memory" in (held.error or ""), held
+    assert [o.outcome for o in neighbour] == ["ok"] * 4
+    assert neighbour[2].output == "B-STATE"  # the neighbour's state survived
+    assert json.loads(neighbour[1].output)["pid"] == json.loads(neighbour[3].output)["pid"]  # in the same process
+    assert again == "ok"
+
+
+def test_busy_processes_left_by_a_session_leave_its_neighbour_a_share(small: PoolHandle) -> None:
+    """A session's background processes, as many as its pids allow, made its neighbour's calls fail as `Overloaded`
+    (issue 35): each process was weighed as one, so the neighbour got 1/30 of the worker's CPU. Each session is now one
+    group, weighed as one: the neighbour's CPU-bound calls all finish."""
+    needs_cgroups(small, "cpu")
+    pool = small.pool
+
+    async def scenario() -> tuple[ToolObservation, list[ToolObservation]]:
+        a, b = await pool.open(probes_env()), await pool.open(probes_env())
+        spin = await pool.call(a, "spin_children", {"n": pool.cfg.pids - 4})
+        calls = [await pool.call(b, "burn", {"seconds": 0.3}, timeout_s=1.0) for _ in range(10)]
+        await pool.close(a)
+        await pool.close(b)
+        return spin, calls
+
+    spin, calls = small.run(scenario())
+    assert spin.outcome == "ok" and spin.output == "spinning"
+    assert [c.outcome for c in calls] == ["ok"] * 10, [c.error for c in calls if c.outcome != "ok"]
+
+
+def test_a_closed_session_leaves_no_cgroup(small: PoolHandle) -> None:
+    """Its groups go with its processes; the worker's own go with the worker (checked from the host where it can
+    see them: the process backend)."""
+    needs_cgroups(small, "memory")
+    pool = small.pool
+
+    async def scenario() -> int:
+        session = await pool.open(probes_env())
+        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
+        await pool.call(session, "leave_behind", {})
+        await pool.close(session)
+        return uid
+
+    uid = small.run(scenario())
+    if small.pool.backend != "process":
+        pytest.skip("optional: a container's groups are seen from inside it only")
+    deadline = time.monotonic() + 30
+    while (left := _cgroups_named(f"u{uid}")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling a condition with a deadline: the uid's teardown runs after close returns
+    assert left == []
+
+
+def test_a_stopped_pool_leaves_no_cgroup_of_its_workers() -> None:
+    """A worker is killed when its pool stops, so it cannot remove its groups: the pool does, once it has exited."""
+    names: list[str] = []
+    for handle in start_pool("process", pool_size=2):
+        needs_cgroups(handle, "memory")
+
+        async def scenario() -> None:
+            session = await handle.pool.open(probes_env())
+            await handle.pool.call(session, "whoami", {})
+            names.extend(w["cgroup_name"] for w in await handle.pool.ping() if w.get("cgroups"))
+
+        handle.run(scenario())
+        assert any(_cgroups_named(n) for n in names), names
+    assert names and [n for n in names if _cgroups_named(n)] == []
+
+
+def _cgroups_named(name: str) -> list[str]:
+    found = []
+    for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu"):
+        for parent, dirs, _ in os.walk(root):
+            found += [os.path.join(parent, d) for d in dirs if d == name]
+    return found
 
 
 def _processes_of(uid: int) -> list[str]:

@@ -25,6 +25,7 @@ from arenaforge.schemas.errors import SandboxError
 
 from arenaforge.environments.runtime.deps import derived_image, install, python_version
 from arenaforge.environments.runtime.image import PYTHON_VERSION, WORKER_COMMAND, WORKER_DIR, build_image, worker_argv
+from arenaforge.environments.runtime.worker import cgroups
 
 log = logging.getLogger("arenaforge.sandbox")
 
@@ -81,6 +82,7 @@ class ProcessTransport:
         self.name = name
         self.stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
         self.stderr_done = asyncio.get_running_loop().create_task(self._drain_stderr())
+        self.cgroups_removed = False
 
     async def _drain_stderr(self) -> None:
         """Keep the last lines (a worker blocked on a full stderr pipe would stall)."""
@@ -115,6 +117,8 @@ class ProcessTransport:
             await asyncio.wait_for(asyncio.shield(self.stderr_done), EXIT_WAIT_S)
         except asyncio.TimeoutError:
             pass
+        if self.proc.returncode is not None:
+            await self._remove_cgroups()
         why = describe_returncode(self.proc.returncode)
         if self.stderr:
             why += f"; its last stderr line: {self.stderr[-1].decode(errors='replace')}"
@@ -130,6 +134,15 @@ class ProcessTransport:
             await asyncio.wait_for(self.proc.wait(), 10)
         except asyncio.TimeoutError:
             log.warning("worker %s did not exit after SIGKILL", self.name)
+            return
+        await self._remove_cgroups()
+
+    async def _remove_cgroups(self) -> None:
+        """The worker's per-session cgroups (worker/cgroups.py), once its processes are gone: a SIGKILLed worker cannot
+        remove them itself. Named after its pid, made under this process's own groups, which it inherited."""
+        if not self.cgroups_removed:
+            self.cgroups_removed = True
+            await asyncio.to_thread(cgroups.cleanup, cgroups.locate(f"{cgroups.PREFIX}{self.proc.pid}"))
 
 
 class ProcessLauncher:
@@ -419,6 +432,9 @@ class DockerLauncher:
             security_opt=["no-new-privileges"],
             auto_remove=True,
             ipc_mode="private",
+            # its own cgroup tree as root: the worker mounts it to give each session a group (worker/cgroups.py),
+            # and sees nothing of the host's
+            cgroupns="private",
         )
         created = api.create_container(
             image,

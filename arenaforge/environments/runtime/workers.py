@@ -96,6 +96,10 @@ class WorkerSlots:
             "unshare_net": self.backend == "process",
             "bind_shared": self.backend == "process",
             "spares": cfg.spare_sessions,
+            # CPU groups only inside a container: on the process backend a group of the worker's own would leave the
+            # pool's autogroup and weigh against it as an equal (`sandbox.nice` is how that is weighed there)
+            "cgroups_wanted": (["memory", "pids"] + (["cpu"] if self.backend == "docker" else []))
+            if cfg.session_cgroups else [],
         }
 
     async def _launch(self, index: int) -> WorkerConnection:

@@ -1,6 +1,7 @@
 """The sandbox policy of one session process, applied before any tool code runs; and its teardown.
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
+  0. joins its own cgroup, where the worker has them (`cgroups`): memory, processes, an equal CPU share;
   1. leaves the worker's mount and IPC namespaces: a private tmpfs on /tmp, /dev/shm and /var/tmp,
      capped in size and in files (its scratch space, gone with it), host paths hidden on the process
      backend (its template's requirement directories bound back read-only under /tmp), no SysV/POSIX
@@ -24,6 +25,8 @@ import shutil
 import signal
 import struct
 
+from . import cgroups
+
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWNET = 0x20000, 0x08000000, 0x40000000
 CLONE_NEWUSER, CLONE_NEWPID = 0x10000000, 0x20000000
 NAMESPACE_FLAGS = 0x7E020080  # every CLONE_NEW* flag (cgroup, uts, ipc, user, pid, net, mount, time)
@@ -33,6 +36,7 @@ SHARED_MOUNT = "/tmp/.site-{}"  # where a session sees the i-th read-only direct
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 1, 38, 22, 36
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 MQUEUE_DIR = "/dev/mqueue"
+CGROUP_ROOT = "/sys/fs/cgroup"
 MSGQUEUE_BYTES = 256 << 10  # POSIX queue bytes per session uid (RLIMIT_MSGQUEUE): two queues of default size
 
 # seccomp: syscalls a session never needs and that could undo its isolation, per architecture. socket() is among
@@ -205,7 +209,8 @@ def _private_mounts(owner: int, limits: dict, shared: list[str] | tuple = ()) ->
         # later session read its message. A fresh mount shows this session's own namespace, gone with it.
         flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
         _check(libc.mount(b"mqueue", MQUEUE_DIR.encode(), b"mqueue", flags, None), f"mqueue on {MQUEUE_DIR}")
-    for path in limits.get("hide_paths") or ():
+    hidden = list(limits.get("hide_paths") or ()) + ([CGROUP_ROOT] if limits.get("cgroups") else [])
+    for path in hidden:  # the cgroup tree too: a session has no business reading its neighbours' usage
         if os.path.isdir(path):
             flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
             _check(libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"size=4k,mode=0755"), f"hiding {path}")
@@ -262,6 +267,8 @@ def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()
     """Apply steps 1-5 of the module docstring to this (session) process; returns where it sees the read-only
     directories `shared` (its template's installed requirements)."""
     seen = list(shared)
+    if uid and limits.get("cgroups"):  # while still root: the groups are root's to make
+        cgroups.join(limits["cgroups"], uid, int(limits["memory_mb"]), int(limits["pids"]))
     if limits.get("namespaces"):
         moved = _private_mounts(uid or os.getuid(), limits, shared)
         seen = [moved.get(p, p) for p in shared]
@@ -356,10 +363,13 @@ def cpu_state(pid: int) -> tuple[float, str] | None:
         return None
 
 
-def describe_exit(status: int | None, limits: dict) -> str:
-    """Why a session process ended, from its wait status."""
+def describe_exit(status: int | None, limits: dict, uid: int = 0) -> str:
+    """Why a session process ended, from its wait status (and its cgroup's count of kills for memory)."""
     if status is None:
         return "the session process died"
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL and uid \
+            and cgroups.oom_killed(limits.get("cgroups") or {}, uid):
+        return f"the session process was killed for memory (its limit is {limits['memory_mb']} MB: memory_mb)"
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)

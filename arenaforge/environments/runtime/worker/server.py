@@ -12,7 +12,7 @@ import selectors
 import signal
 import sys
 
-from . import execution, policy, zygote
+from . import cgroups, execution, policy, zygote
 from .protocol import MAX_HEADER, Reader, encode
 from .sessions import Session, SessionServer
 
@@ -35,12 +35,15 @@ LIMITS = {
     "namespaces": False,  # set by the hello probe: private mounts/IPC/network per session work here
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
+    "cgroups_wanted": ["memory", "pids", "cpu"],  # a group per session for each, where the worker can make them
 }
 
 
 class Server(SessionServer):
-    def __init__(self) -> None:
+    def __init__(self, group: str) -> None:
         super().__init__()
+        self.group = group  # this worker's cgroup name (`cgroups.setup`)
+        self.groups_to_remove: set[int] = set()  # uids whose processes are gone, their cgroups not yet
         self.limits = dict(LIMITS)
         self.info_extra: dict = {"net_isolated": False, "namespaces": False, "seccomp": False}
         self.reader = Reader(1 << 31)
@@ -140,6 +143,10 @@ class Server(SessionServer):
             self.info_extra["net_isolated"] = policy.net_isolated()
             self.info_extra.update(policy.probe(self.limits))
             self.limits.update({k: self.info_extra[k] for k in ("namespaces", "seccomp")})
+            bases, why = cgroups.setup(self.group, self.limits["scratch_root"], tuple(self.limits["cgroups_wanted"])) if self.is_root and self.limits["uid_base"] else \
+                ({}, "sessions do not get uids of their own")
+            self.limits["cgroups"] = bases
+            self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group})
             self.reply({"id": rid, "ok": True, "info": self._info()})
         elif op == "ping":
             self.reply({"id": rid, "ok": True, "info": self._info()})
@@ -278,6 +285,10 @@ class Server(SessionServer):
 
     def _reap(self) -> None:
         """Kill helpers, zygotes, and session processes orphaned by a zygote's death."""
+        self._reap_children()
+        self._remove_groups()
+
+    def _reap_children(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -286,9 +297,16 @@ class Server(SessionServer):
             if pid == 0:
                 return
             if pid in self.helpers:
-                self.uids_used.discard(self.helpers.pop(pid))
+                self.groups_to_remove.add(self.helpers.pop(pid))
             else:
                 self._exited(pid, status)
+
+    def _remove_groups(self) -> None:
+        """A uid is free again once its processes are gone and so is its cgroup (its counts start from zero)."""
+        for uid in list(self.groups_to_remove):
+            if cgroups.remove(self.limits.get("cgroups") or {}, uid):
+                self.groups_to_remove.discard(uid)
+                self.uids_used.discard(uid)
 
     def _shutdown(self) -> None:
         self._flush()
@@ -308,8 +326,9 @@ def main() -> None:
     except (OSError, AttributeError):
         pass
     policy.leave_terminal()
+    group = f"{cgroups.PREFIX}{os.getpid()}"  # the pid the pool knows (outside the PID namespace): unique on the host
     policy.own_pid_namespace()
     policy.batch_scheduling()
     policy.become_subreaper()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    Server().run()
+    Server(group).run()

@@ -256,7 +256,7 @@ class SessionServer:
             self._died(sess)
 
     def _died(self, sess: Session) -> None:
-        why = policy.describe_exit(sess.status, self.limits)
+        why = policy.describe_exit(sess.status, self.limits, sess.uid)
         req = sess.pending
         self._kill(sess)
         if req is None:

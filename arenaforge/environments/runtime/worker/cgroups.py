@@ -1,0 +1,219 @@
+"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, and an equal CPU share.
+
+rlimits bound one process's address space and one uid's process count; they do not see pages a session keeps in a
+`memfd` or a pipe, and they give a session with 64 busy processes 64 shares of the CPU against its neighbour's one.
+A cgroup counts all of it: the worker makes a group of its own per controller (`setup`), each session process joins
+`<group>/u<uid>` while it is still root (`join`), and the worker removes that group once the uid's processes are
+gone (`remove`). A session past `memory.limit_in_bytes` is killed by the kernel inside its own group, never a
+neighbour; the worker reads `memory.oom_control` to say so (`oom_killed`).
+
+cgroup v1 only (the hosts this runs on have it; on a v2 host `setup` says why not and sessions keep their rlimits).
+Where the hierarchy is mounted read-only (a Docker container), the worker, which holds CAP_SYS_ADMIN there, mounts
+each controller again, writable, beside it; with the container's private cgroup namespace that mount's root is the container's
+own group, so nothing outside the container is reachable.
+"""
+
+import ctypes
+import os
+import time
+
+CONTROLLERS = ("memory", "pids", "cpu")
+CLEANUP_S = 10.0
+# the kernel's CPU weight of a task at nice -20 .. 19 (sched_prio_to_weight): a group's cpu.shares at the worker's
+# nice weighs it as the worker's processes were weighed before they had groups (`sandbox.nice` keeps its meaning)
+NICE_WEIGHT = (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916, 9548, 7620, 6100, 4904, 3906,
+               3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45,
+               36, 29, 23, 18, 15)
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+
+
+def _mounts() -> dict[str, tuple[str, str, bool]]:
+    """controller -> (mount point, root of the mount, writable) for this process's cgroup v1 mounts."""
+    found: dict[str, tuple[str, str, bool]] = {}
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            head, _, tail = line.partition(" - ")
+            fields, extra = head.split(), tail.split()
+            if len(extra) < 3 or extra[0] != "cgroup":
+                continue
+            writable = "rw" in fields[5].split(",")
+            for option in extra[2].split(","):
+                if option in CONTROLLERS:
+                    found[option] = (fields[4], fields[3], writable)  # the last mount of a path wins, as it does there
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """controller -> this process's cgroup path, from /proc/self/cgroup."""
+    paths: dict[str, str] = {}
+    with open("/proc/self/cgroup") as fh:
+        for line in fh:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(","):
+                if name in CONTROLLERS:
+                    paths[name] = path
+    return paths
+
+
+def _mount_writable(under: str, controller: str) -> None:
+    """Mount `controller`'s hierarchy again, writable, in a root-only directory under `under` (not over the read-only
+    one: the kernel refuses a second mount of a hierarchy on one path, and a container's /sys/fs/cgroup is not ours
+    to write)."""
+    target = os.path.join(under, f".arenaforge-cgroup-{controller}")
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if libc.mount(b"cgroup", target.encode(), b"cgroup", flags, controller.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mounting the {controller} cgroup: {os.strerror(err)}")
+
+
+def _bases(name: str, mounts: dict[str, tuple[str, str, bool]], own: dict[str, str],
+           controllers: tuple[str, ...] = CONTROLLERS) -> dict[str, str]:
+    bases = {}
+    for controller in controllers:
+        point, root, _ = mounts[controller]
+        path = own[controller]
+        inside = os.path.relpath(path, root) if path.startswith(root) else path.lstrip("/")
+        bases[controller] = os.path.normpath(os.path.join(point, inside, name))
+    return bases
+
+
+def setup(name: str, mount_under: str, controllers: tuple[str, ...] = CONTROLLERS) -> tuple[dict[str, str], str]:
+    """Make this worker's group `name` under its own group for each of `controllers`; returns (controller -> that
+    directory, "") or ({}, why not). Root only. A read-only hierarchy is mounted again under `mount_under` (where
+    sessions see a private /tmp of their own)."""
+    if os.geteuid() != 0:
+        return {}, "the worker is not root"
+    try:
+        mounts, own = _mounts(), _own_paths()
+        missing = [c for c in controllers if c not in mounts or c not in own]
+        if missing:
+            return {}, f"no cgroup v1 hierarchy for {', '.join(missing)} (cgroup v2 is not supported yet)"
+        for controller in controllers:
+            if not mounts[controller][2]:
+                _mount_writable(mount_under, controller)
+        bases = _bases(name, _mounts(), _own_paths(), controllers)
+        for base in bases.values():
+            os.makedirs(base, exist_ok=True)
+        if "cpu" in bases:
+            _write(bases["cpu"], "cpu.shares", _weight())
+        return bases, ""
+    except OSError as err:
+        return {}, str(err)
+
+
+def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int) -> None:
+    """Put this process into its session's group (made here, with its limits), before it drops root."""
+    for controller, base in bases.items():
+        group = os.path.join(base, f"u{uid}")
+        os.makedirs(group, exist_ok=True)
+        if controller == "memory":
+            _write(group, "memory.limit_in_bytes", memory_mb << 20)
+        elif controller == "pids":
+            _write(group, "pids.max", pids)
+        else:  # one session, however many processes, weighs as one of the worker's processes (the worker too)
+            _write(group, "cpu.shares", _weight())
+        _write(group, "cgroup.procs", os.getpid())
+
+
+def oom_killed(bases: dict[str, str], uid: int) -> bool:
+    """Whether the kernel killed a process of this session's group for memory."""
+    base = bases.get("memory")
+    if not base:
+        return False
+    try:
+        with open(os.path.join(base, f"u{uid}", "memory.oom_control")) as fh:
+            counts = dict(line.split() for line in fh if line.strip())
+    except (OSError, ValueError):
+        return False
+    return int(counts.get("oom_kill", 0)) > 0
+
+
+def remove(bases: dict[str, str], uid: int) -> bool:
+    """Remove a session's groups once its processes are gone; False while one is still busy (try again later)."""
+    done = True
+    for base in bases.values():
+        try:
+            os.rmdir(os.path.join(base, f"u{uid}"))
+        except FileNotFoundError:
+            pass
+        except OSError:
+            done = False
+    return done
+
+
+def remove_all(bases: dict[str, str]) -> bool:
+    """The worker is gone: its whole group, sessions' groups first; False while one still holds a process."""
+    done = True
+    for base in bases.values():
+        try:
+            entries = [e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            continue
+        except OSError:
+            done = False
+            continue
+        for path in [*entries, base]:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                done = False
+    return done
+
+
+def _weight() -> int:
+    return NICE_WEIGHT[min(max(os.getpriority(os.PRIO_PROCESS, 0), -20), 19) + 20]
+
+
+def _write(group: str, knob: str, value: int) -> None:
+    with open(os.path.join(group, knob), "w") as fh:
+        fh.write(str(value))
+
+
+def locate(name: str) -> dict[str, str]:
+    """Where `setup(name)` puts a worker's groups when the hierarchy is writable ({} where it is not, or there is
+    none), seen from the process that started it (the pool, whose groups it inherited): what that process removes
+    once the worker is gone (`cleanup`)."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        mounts, own = _mounts(), _own_paths()
+    except OSError:
+        return {}
+    present = tuple(c for c in CONTROLLERS if c in mounts and c in own and mounts[c][2])
+    return _bases(name, mounts, own, present)
+
+
+def cleanup(bases: dict[str, str]) -> None:
+    """Once the worker is gone: its groups, and those of workers whose starting process died without cleaning up
+    (`arenaforge-worker-<pid>` with no such pid)."""
+    deadline = time.monotonic() + CLEANUP_S
+    while not remove_all(bases) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the kernel is still taking down the worker's PID namespace
+    for base in bases.values():
+        try:
+            stale = [e.path for e in os.scandir(os.path.dirname(base))
+                     if e.name.startswith(PREFIX) and not _alive(e.name[len(PREFIX):])]
+        except OSError:
+            continue
+        for path in stale:
+            remove_all({"": path})
+
+
+PREFIX = "arenaforge-worker-"
+
+
+def _alive(pid: str) -> bool:
+    if not pid.isdigit():
+        return True  # not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
