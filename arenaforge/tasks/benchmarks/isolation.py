@@ -1,0 +1,167 @@
+"""What one session's misbehaviour costs its neighbour on the same worker (issue 35).
+
+For each attack, a fresh pool of one worker (so the two sessions share it): the neighbour's `calls` trivial calls
+back to back, first alone (quiet), then while the attacker does its worst beside it. Printed per attack: the
+neighbour's failures (observations that are not `ok`, and sandbox failures), its p50/p99 latency and p99 against
+its quiet p99, how the attacker's own call ended, and whether its session serves again afterwards.
+
+Attacks: `memfd` (memory no address-space limit sees: twice `memory_mb` written into an anonymous file), `spinners`
+(busy background processes, as many as its `pids` allow), `fork_bomb` (a call that forks until its limit),
+`newlines` (a thread pouring bare newlines into its reply channel between calls), `files` (empty files until the
+scratch file cap), `memory` (an address-space blow-up). Goal (issue 35): 0 neighbour failures and p99 within 2x of
+quiet for every attack, on both backends; the attacker ends as `limit`, `error` or `timeout`, charged to its tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from arenaforge.environments.runtime import EnvironmentFailure, create_pool
+from arenaforge.schemas.config import SandboxConfig
+from arenaforge.schemas.errors import InputError
+from arenaforge.schemas.models import Environment, FunctionDoc
+
+ATTACKS_CODE = r'''
+import os, socket, threading
+
+def ok():
+    return "fine"
+
+def memfd(mb: int):
+    global HELD
+    HELD = os.memfd_create("held")
+    chunk = b"m" * (1 << 20)
+    for _ in range(mb):
+        os.write(HELD, chunk)
+    return "held"
+
+def spinners(n: int):
+    for _ in range(n):
+        if os.fork() == 0:
+            while True:
+                pass
+    return "spinning"
+
+def fork_bomb():
+    while True:
+        os.fork()
+
+def newlines():
+    for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
+        try:
+            if "socket" in os.readlink(f"/proc/self/fd/{fd}"):
+                channel = socket.socket(fileno=os.dup(fd))
+                break
+        except OSError:
+            pass
+    def pour():
+        try:
+            for _ in range(20000):
+                channel.sendall(b"\n" * (1 << 16))
+        except OSError:
+            pass
+    threading.Thread(target=pour, daemon=True).start()
+    return "pouring"
+
+def files(n: int):
+    made = 0
+    try:
+        for i in range(n):
+            open(f"/tmp/f{i}", "w").close()
+            made += 1
+    except OSError as err:
+        return f"stopped after {made}: {err.strerror}"
+    return f"made {made}"
+
+def memory():
+    chunks = []
+    while True:
+        chunks.append(bytearray(50 << 20))
+'''
+TOOLS = ("ok", "memfd", "spinners", "fork_bomb", "newlines", "files", "memory")
+ATTACKS = ("memfd", "spinners", "fork_bomb", "newlines", "files", "memory")
+
+
+def attacks_env() -> Environment:
+    return Environment(name="attacks", tools=[FunctionDoc(name=n) for n in TOOLS], code=ATTACKS_CODE)
+
+
+def _args(attack: str, cfg: SandboxConfig) -> dict[str, Any]:
+    return {"memfd": {"mb": 2 * cfg.memory_mb}, "spinners": {"n": cfg.pids - 4}, "files": {"n": 400_000}}.get(attack, {})
+
+
+async def _neighbour_loop(pool: Any, session: Any, calls: int) -> tuple[list[float], list[str]]:
+    latencies, failures = [], []
+    for _ in range(calls):
+        started = time.monotonic()
+        try:
+            obs = await pool.call(session, "ok", {})
+            if obs.outcome != "ok":
+                failures.append(f"{obs.outcome}: {obs.error}")
+        except EnvironmentFailure as err:
+            failures.append(f"{type(err).__name__}: {err}")
+        latencies.append(time.monotonic() - started)
+    return latencies, failures
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2) if ordered else float("nan")
+
+
+async def _one(cfg: SandboxConfig, attack: str, calls: int) -> dict[str, Any]:
+    pool = await create_pool(cfg)
+    try:
+        env = attacks_env()
+        neighbour, attacker = await pool.open(env), await pool.open(env)
+        quiet, _ = await _neighbour_loop(pool, neighbour, calls)
+        attack_call = asyncio.ensure_future(pool.call(attacker, attack, _args(attack, cfg)))
+        if attack in ("spinners", "newlines"):  # background attacks: the call returns, its processes stay
+            await asyncio.wait({attack_call})
+        busy, failures = await _neighbour_loop(pool, neighbour, calls)
+        try:
+            own = await attack_call
+            outcome = f"{own.outcome}: {own.error or own.output}"[:200]
+        except EnvironmentFailure as err:
+            outcome = f"{type(err).__name__}: {err}"[:200]
+        try:
+            after = (await pool.call(attacker, "ok", {})).outcome
+        except EnvironmentFailure as err:
+            after = type(err).__name__
+        info = dict(pool.info)
+    finally:
+        await pool.shutdown()
+    return {
+        "neighbour_failures": len(failures), "first_failure": failures[0][:200] if failures else None,
+        "quiet_p50_ms": _pct(quiet, 0.5), "quiet_p99_ms": _pct(quiet, 0.99),
+        "p50_ms": _pct(busy, 0.5), "p99_ms": _pct(busy, 0.99),
+        "p99_over_quiet": round(_pct(busy, 0.99) / max(_pct(quiet, 0.99), 1e-3), 2),
+        "attacker_call": outcome, "attacker_next_call": after, "cgroups": info.get("cgroups", []),
+    }
+
+
+async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".join(ATTACKS),
+               session_cgroups: bool = True) -> dict[str, Any]:
+    """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
+
+    Args:
+        backend: Sandbox backend: process or docker.
+        calls: Trivial calls the neighbour makes, quiet and then under attack.
+        attacks: Comma-separated attacks to run (memfd, spinners, fork_bomb, newlines, files, memory).
+        session_cgroups: A cgroup per session (off: as before issue 35's groups).
+    """
+    chosen = [a.strip() for a in attacks.split(",") if a.strip()]
+    unknown = sorted(set(chosen) - set(ATTACKS))
+    if unknown:
+        raise InputError(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(ATTACKS)}")
+    cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups)
+    results = {attack: await _one(cfg, attack, calls) for attack in chosen}
+    return {
+        "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
+        "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
+        "attacks": results,
+        "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),
+        "worst_p99_over_quiet": max((r["p99_over_quiet"] for r in results.values()), default=None),
+    }

@@ -1,0 +1,39 @@
+"""`arenaforge bench isolation`: each attack beside a neighbour's call loop on one worker; the neighbour loses nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from arenaforge.flows.cli import app
+from tests.support.requirements import require_docker
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
+    if backend == "docker":
+        require_docker()
+    result = CliRunner().invoke(app, ["bench", "isolation", "--backend", backend, "--calls", "20",
+                                      "--attacks", "memfd,fork_bomb,newlines,files"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert set(got["attacks"]) == {"memfd", "fork_bomb", "newlines", "files"}
+    assert got["total_neighbour_failures"] == 0, {a: r["first_failure"] for a, r in got["attacks"].items()}
+    for attack, row in got["attacks"].items():
+        assert row["p99_ms"] > 0 and row["quiet_p99_ms"] > 0, attack
+        assert row["attacker_next_call"] in ("ok", "limit"), (attack, row)  # its session serves again, or says why
+    if "memory" in got["attacks"]["memfd"]["cgroups"]:
+        assert got["attacks"]["memfd"]["attacker_call"].startswith("limit: the session process was killed for memory")
+    assert got["attacks"]["files"]["attacker_call"].startswith("ok: stopped after")  # the file cap, not the machine
+
+
+def test_an_unknown_attack_is_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "isolation", "--attacks", "rowhammer"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, fork_bomb, "
+                                   "newlines, files, memory")
