@@ -163,6 +163,7 @@ def test_grounded_episode_copies_the_id_from_the_question():
     from tests.support.rl import call_text, tiny_env, with_pool
 
     engine = build_engine("hf", model_path=tiny_model_path())
+    engine.prefix_store = None  # the hook tells a prompt's pass by its width: a stored prompt's pass is one token wide
     tok = engine.tokenizer
     env = tiny_env(country="OR5031")  # "How many people live in the capital of OR5031?"
     memorised = tok.encode(call_text("get_capital", country="OR5000") + "<|im_end|>", add_special_tokens=False)

@@ -183,3 +183,58 @@ def test_hf_engine_encodes_a_shared_prompt_once_and_samples_as_if_alone(tokenize
             logits = engine.model(torch.tensor([prompt + gen.token_ids])).logits[0, len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(gen.logprobs), expected, atol=1e-3)
+
+
+def test_hf_engine_continues_a_stored_conversation_and_samples_as_if_whole(tokenizer):
+    """The next turn's prompt is the last prompt, what the engine generated and the tool's reply: it starts from the
+    stored keys and values and encodes only the reply, with the answers and log-probs the whole prompt gives. A
+    weight update empties the store."""
+    import torch
+
+    engine = build_engine("hf", model_path=tiny_model_path())
+    whole = build_engine("hf", model_path=tiny_model_path())
+    whole.prefix_store = None  # the baseline: every prompt encoded whole
+    system = tokenizer.encode("You can call these tools: get_order(order_id), list_items(order_id). " * 3,
+                              add_special_tokens=False)
+    first = [system + tokenizer.encode(t, add_special_tokens=False) for t in ("Order 7?", "Items of 9")]
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in (1, 2)]
+
+    async def batch(eng, prompts, ps):
+        return await asyncio.gather(*(eng.generate(p, s) for p, s in zip(prompts, ps)))
+
+    turn1 = asyncio.run(batch(engine, first, params))
+    reply = tokenizer.encode(" -> {\"status\": \"shipped\"}", add_special_tokens=False)
+    second = [p + g.token_ids + reply for p, g in zip(first, turn1)]
+    other = tokenizer.encode("Other tools here: cancel(order_id), refund(order_id, amount). " * 3,
+                             add_special_tokens=False)
+    fresh = [other + tokenizer.encode(t, add_special_tokens=False) for t in ("Cancel 8", "Refund 9")]  # not stored
+    prompts = second + fresh + [tokenizer.encode("a b", add_special_tokens=False)]
+    params2 = [SamplingParams(max_tokens=6, temperature=1.0, seed=s) for s in (3, 4, 5, 6, 7)]
+    widths = []
+    forward = engine.model.forward
+
+    def counting(*args, **kwargs):
+        widths.append(kwargs["input_ids"].shape)
+        return forward(*args, **kwargs)
+
+    engine.model.forward = counting
+    try:
+        turn2 = asyncio.run(batch(engine, prompts, params2))
+    finally:
+        engine.model.forward = forward
+    reused = engine.prefix_store.reused_tokens
+    assert reused >= 2 * len(first[0]) - 2  # both conversations' first turns came from the store
+    assert widths[0][0] == 1 and widths[0][1] >= len(other)  # the two new prompts' shared beginning, once
+    assert widths[1][0] == 5 and widths[1][1] < 16  # then each row encodes only what was neither stored nor shared
+    expected = asyncio.run(batch(whole, prompts, params2))
+    for got, want, prompt in zip(turn2, expected, prompts):
+        assert got.token_ids == want.token_ids and got.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        with torch.no_grad():
+            logits = engine.model(torch.tensor([prompt + got.token_ids])).logits[0, len(prompt) - 1 : -1]
+        exact = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(got.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(got.logprobs), exact, atol=1e-3)
+
+    with torch.no_grad():  # an optimizer step writes the weights in place
+        next(engine.model.parameters()).mul_(1.0)
+    asyncio.run(engine.generate(second[0], params2[0]))
+    assert engine.prefix_store.reused_tokens == reused  # nothing computed with the old weights was used

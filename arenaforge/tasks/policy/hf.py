@@ -7,7 +7,8 @@ importance ratio starts at 1 on-policy.
 Concurrent requests (many rollouts in flight) are gathered into one left-padded batch of up
 to `max_batch` prompts, decoded over the KV cache in a worker thread so tool calls keep running
 meanwhile. Prompts that begin alike (a GRPO group's G samples of one task, turn after turn) share
-one encoding of their common beginning (`shared_prefixes`). Every request samples with its own seeded generator, so an answer depends on its
+one encoding of their common beginning (`shared_prefixes`), and a prompt that continues a sequence the engine
+generated before (the next turn of its conversation) starts from that sequence's keys and values (`prefix_store`). Every request samples with its own seeded generator, so an answer depends on its
 own seed only, never on which requests shared its batch. `lock` serialises model use: the
 GRPO trainer holds it during an update so generation never reads half-updated weights. Each
 answer stops at its own stop token or token limit.
@@ -30,6 +31,7 @@ from typing import Any
 
 from arenaforge.tasks.policy.base import Generation, SamplingParams
 from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint, ground_of
+from arenaforge.tasks.policy.prefix_store import PrefixStore
 
 
 @dataclass
@@ -43,7 +45,8 @@ class HfEngine:
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, *, policy: str = "hf", device: str = "cpu",
-                 max_batch: int = 16, constrain: bool = True, share_prefixes: bool = True) -> None:
+                 max_batch: int = 16, constrain: bool = True, share_prefixes: bool = True,
+                 prefix_cache_mb: int = 2048) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy
@@ -60,6 +63,8 @@ class HfEngine:
         self.constrain = constrain
         self.share_prefixes = share_prefixes  # False: every prompt encoded whole (the bench's side-by-side baseline)
         self._constraint: Any = None  # built on first constrained request (one pass over the vocabulary)
+        # what finished sequences computed, for the prompts that continue them (0: encode every prompt whole)
+        self.prefix_store = PrefixStore(model, prefix_cache_mb << 20) if prefix_cache_mb > 0 else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "cpu", constrain: bool = True) -> "HfEngine":
@@ -127,6 +132,7 @@ class HfEngine:
             self.model.eval()
             try:
                 out, attn, positions = self._prefill(prompts)
+                width, fed = attn.shape[1], 0  # the prefill's columns; generated tokens fed back since
                 next_pos = positions[:, -1:] + 1
                 for _ in range(max(limits)):
                     logits = out.logits[:, -1].float().cpu()
@@ -158,12 +164,37 @@ class HfEngine:
                                      position_ids=next_pos.to(self.device), past_key_values=out.past_key_values,
                                      use_cache=True, logits_to_keep=1)
                     next_pos = next_pos + 1
+                    fed += 1
+                if self.prefix_store is not None:
+                    self._keep(prompts, tokens, out.past_key_values, attn, width, fed)
             finally:
                 if was_training:
                     self.model.train()
         self.batches.append(rows)
         return [Generation(token_ids=t, logprobs=lp, finish_reason=f or "length")  # type: ignore[arg-type]
                 for t, lp, f in zip(tokens, logprobs, finish, strict=True)]
+
+    def _keep(self, prompts: list[list[int]], tokens: list[list[int]], cache: Any, attn: Any, width: int,
+              fed: int) -> None:
+        """Store each row's keys and values: its prompt and the generated tokens that went back through the model (a
+        row that stopped early was fed padding after its last token; the final step's tokens were never fed)."""
+        import torch
+
+        if any(layer.is_sliding for layer in cache.layers):  # a window drops old keys: nothing whole to keep
+            return
+        for i, (prompt, generated) in enumerate(zip(prompts, tokens, strict=True)):
+            kept = min(len(generated), fed)
+            columns = torch.cat([attn[i, :width].nonzero().squeeze(-1), torch.arange(width, width + kept)])
+            columns = columns.to(self.device)
+            kv = torch.stack([torch.stack([layer.keys[i].index_select(-2, columns),
+                                           layer.values[i].index_select(-2, columns)]) for layer in cache.layers])
+            self.prefix_store.put(prompt + generated[:kept], kv)
+
+    def _stored_prefixes(self, prompts: list[list[int]]) -> list[tuple[int, Any]]:
+        if self.prefix_store is None:
+            return [(0, None)] * len(prompts)
+        self.prefix_store.check_weights()  # a GRPO step since the last batch: nothing stored is valid any more
+        return [self.prefix_store.longest(p) for p in prompts]
 
     def _prefill(self, prompts: list[list[int]]) -> tuple[Any, Any, Any]:
         """The forward pass over the prompts: (model output with its KV cache, attention mask, position ids).
@@ -176,6 +207,10 @@ class HfEngine:
         """
         import torch
 
+        stored = self._stored_prefixes(prompts)
+        if any(n for n, _ in stored):
+            self._share_the_rest(prompts, stored)
+            return self._prefill_from_prefixes(prompts, stored)
         prefixes, owner, cut = shared_prefixes(prompts, 16 if self.share_prefixes else None)
         if len(prefixes) == len(prompts):  # nothing shared: one pass over the whole prompts
             ids, attn = _left_padded(prompts, self.pad_id)
@@ -193,6 +228,59 @@ class HfEngine:
         tail_ids, tail_attn = _left_padded([p[c:] for p, c in zip(prompts, cut, strict=True)], self.pad_id)
         tail_pos = (torch.tensor(cut)[:, None] + tail_attn.cumsum(-1) - 1).clamp(min=0)
         attn = torch.cat([head_attn[index], tail_attn], dim=1)
+        out = self.model(input_ids=tail_ids.to(self.device), attention_mask=attn.to(self.device),
+                         position_ids=tail_pos.to(self.device), past_key_values=cache, use_cache=True,
+                         logits_to_keep=1)
+        return out, attn, tail_pos
+
+
+    def _share_the_rest(self, prompts: list[list[int]], stored: list[tuple[int, Any]]) -> None:
+        """Rows with nothing stored that begin alike (a new group's samples, batched with other groups' later turns):
+        their common beginnings encoded once, in one pass, and given to them as if stored."""
+        fresh = [i for i, (n, _) in enumerate(stored) if n == 0]
+        if len(fresh) < 2 or not self.share_prefixes:
+            return
+        prefixes, owner, cut = shared_prefixes([prompts[i] for i in fresh], 16)
+        runs = sorted({k for k in owner if owner.count(k) > 1})
+        if not runs:
+            return
+        head = self._encode([prefixes[k] for k in runs])
+        for j, i in enumerate(fresh):
+            if owner[j] in runs:
+                stored[i] = (cut[j], head[runs.index(owner[j])])
+
+    def _encode(self, prefixes: list[list[int]]) -> list[Any]:
+        """Each prefix's keys and values, (layers, 2, heads, len, dim), from one left-padded pass."""
+        import torch
+
+        ids, attn = _left_padded(prefixes, self.pad_id)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                           position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1).past_key_values
+        width = ids.shape[1]
+        return [torch.stack([torch.stack([layer.keys[k, :, width - len(p):], layer.values[k, :, width - len(p):]])
+                             for layer in cache.layers]) for k, p in enumerate(prefixes)]
+
+    def _prefill_from_prefixes(self, prompts: list[list[int]], stored: list[tuple[int, Any]]) -> tuple[Any, Any, Any]:
+        """Rows whose beginning is stored start from its keys and values, left-padded into one cache; every row then
+        encodes the rest of its prompt in one pass (a row with nothing stored, all of it)."""
+        import torch
+        from transformers import DynamicCache
+
+        cut = [n for n, _ in stored]
+        width = max(cut)
+        sample = next(kv for _, kv in stored if kv is not None)
+        layers, _, heads, _, dim = sample.shape
+        prefix = torch.zeros((layers, 2, len(prompts), heads, width, dim), dtype=sample.dtype, device=sample.device)
+        prefix_attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, (n, kv) in enumerate(stored):
+            if n:
+                prefix[:, :, i, :, width - n:] = kv
+                prefix_attn[i, width - n:] = 1
+        cache = DynamicCache([(prefix[layer, 0], prefix[layer, 1]) for layer in range(layers)])
+        tail_ids, tail_attn = _left_padded([p[c:] for p, c in zip(prompts, cut, strict=True)], self.pad_id)
+        tail_pos = (torch.tensor(cut)[:, None] + tail_attn.cumsum(-1) - 1).clamp(min=0)
+        attn = torch.cat([prefix_attn, tail_attn], dim=1)
         out = self.model(input_ids=tail_ids.to(self.device), attention_mask=attn.to(self.device),
                          position_ids=tail_pos.to(self.device), past_key_values=cache, use_cache=True,
                          logits_to_keep=1)
