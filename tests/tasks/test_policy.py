@@ -238,3 +238,30 @@ def test_hf_engine_continues_a_stored_conversation_and_samples_as_if_whole(token
         next(engine.model.parameters()).mul_(1.0)
     asyncio.run(engine.generate(second[0], params2[0]))
     assert engine.prefix_store.reused_tokens == reused  # nothing computed with the old weights was used
+
+
+def test_a_torn_down_run_stops_generating_at_the_next_token(tokenizer):
+    """SIGTERM or Ctrl-C ends `asyncio.run`, which cancels its tasks and then waits for their threads: a batch being
+    decoded used to run to its token limit first (SIGTERM did not stop `arenaforge eval run`). It stops at once now."""
+    engine = build_engine("hf", model_path=tiny_model_path())
+    stops = sorted(engine.eos_ids)
+    decoded: list[int] = []
+
+    def never_stop(module, args, kwargs, out):  # no stop token: only the limit (or the teardown) ends the answer
+        out.logits[..., stops] = float("-inf")
+        if kwargs["input_ids"].shape[1] == 1:
+            decoded.append(1)
+        return out
+
+    engine.model.register_forward_hook(never_stop, with_kwargs=True)
+    prompt = tokenizer.encode("def f(x):", add_special_tokens=False)
+
+    async def torn_down() -> None:
+        asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=20_000, temperature=1.0, seed=1)))
+        while len(decoded) < 3:  # decoding has started
+            await asyncio.sleep(0.01)
+        raise KeyboardInterrupt  # what a signal handler raises in the loop's thread
+
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(torn_down())  # returns once the generating thread has finished
+    assert 3 <= len(decoded) < 100

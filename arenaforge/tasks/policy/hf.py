@@ -95,9 +95,15 @@ class HfEngine:
             live = [r for r in batch if not r.future.done()]  # a cancelled rollout no longer waits
             if not live:
                 continue
+            stop = threading.Event()
             try:
                 results = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in live],
-                                                  [r.params for r in live])
+                                                  [r.params for r in live], stop)
+            except asyncio.CancelledError:
+                # the run is being torn down (SIGTERM, Ctrl-C): asyncio.run waits for this thread, so it stops at its
+                # next token rather than finishing the batch (minutes of a long one, and the process hung that long)
+                stop.set()
+                raise
             except Exception as err:  # noqa: BLE001 - handed to every waiting caller, who re-raises it
                 for r in live:
                     if not r.future.done():
@@ -107,7 +113,8 @@ class HfEngine:
                 if not r.future.done():
                     r.future.set_result(result)
 
-    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
+    def _generate_batch(self, prompts: list[list[int]], params: list[SamplingParams],
+                        stop: threading.Event | None = None) -> list[Generation]:
         """One left-padded batch, decoded token by token over the KV cache.
 
         Our own loop rather than `model.generate`: each row samples with its own seeded generator
@@ -135,6 +142,8 @@ class HfEngine:
                 width, fed = attn.shape[1], 0  # the prefill's columns; generated tokens fed back since
                 next_pos = positions[:, -1:] + 1
                 for _ in range(max(limits)):
+                    if stop is not None and stop.is_set():  # nobody waits for these answers any more
+                        break
                     logits = out.logits[:, -1].float().cpu()
                     constraint = self._constraint_for(logits.shape[-1]) if any(constrained) else None
                     for i in range(rows):
