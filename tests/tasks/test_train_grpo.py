@@ -238,7 +238,9 @@ def test_checkpoints_keep_optimizer_state_for_newest_only(tmp_path, tiny):
     assert latest.step == 5 and state == {"x": 5} and meta["groups_launched"] == 5
 
 
-def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehouse, tiny):
+def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehouse, tiny, monkeypatch):
+    import asyncio
+
     from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
     from arenaforge.tasks.policy.scripted import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig
@@ -256,9 +258,22 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
         engine = ScriptedEngine(tokenizer, respond)
         return engine
 
+    on_the_loop: list[bool] = []
+    real_step = GrpoTrainer.step
+
+    def step(self, groups):
+        try:
+            asyncio.get_running_loop()
+            on_the_loop.append(True)
+        except RuntimeError:
+            on_the_loop.append(False)
+        return real_step(self, groups)
+
+    monkeypatch.setattr(GrpoTrainer, "step", step)
     cfg = GrpoRunConfig(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
                         rollout=RolloutConfig(max_turns=4), grpo=GrpoConfig(lr=1e-3), in_flight_groups=1)
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
+    assert on_the_loop == [False, False]  # each update in a thread: the loop keeps reading the sandbox's replies
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
     steps = tmp_warehouse.load(TrainStep)
     assert [s.step for s in steps] == [1, 2] and all(s.metrics["skipped"] == 0 for s in steps)

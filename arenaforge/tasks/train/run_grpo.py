@@ -14,6 +14,7 @@ Everything a run writes goes to the warehouse at step boundaries: the step's rol
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import statistics
@@ -38,6 +39,14 @@ from arenaforge.warehouse import Warehouse
 
 EngineFactory = Callable[[Any, Any], PolicyEngine]  # (model, tokenizer) -> engine
 log = logging.getLogger("arenaforge.train")
+
+
+def _update(trainer: GrpoTrainer, batch: list[list[Rollout]], lock: Any) -> dict[str, float]:
+    """One optimizer step, in a thread of its own: the event loop keeps reading the sandbox's replies meanwhile (a
+    minute-long step on the loop's own thread let calls in flight overrun their deadlines, and the pool replaced a
+    worker that had answered long before). Under the engine's lock: generation never reads half-updated weights."""
+    with lock if lock is not None else contextlib.nullcontext():
+        return trainer.step(batch) if batch else {"loss": 0.0, "skipped": 1.0}
 
 
 @dataclass(frozen=True)
@@ -181,8 +190,7 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
             batch = batcher.take(cfg.batch_groups)
             fill = batcher.reset_stats()
             metrics = step_metrics(generated, batch, fill, rollout_s)
-            with lock if lock is not None else contextlib.nullcontext():
-                metrics.update(trainer.step(batch) if batch else {"loss": 0.0, "skipped": 1.0})
+            metrics.update(await asyncio.to_thread(_update, trainer, batch, lock))
             metrics.setdefault("skipped", 0.0)
             log.info(step_line("grpo", step, cfg.steps, metrics))
             rollouts = [e.rollout.model_copy(update={"run_id": run_id}) for e in generated]
