@@ -20,6 +20,7 @@ import pytest
 from arenaforge.environments.runtime import UntrustedCodeRefused, create_pool
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
+from arenaforge.tasks.benchmarks.isolation import ATTACKS_CODE, ATTACK_TOOLS
 from tests.environments.conftest import PoolHandle, sandbox_config, start_pool
 
 PROBES = r'''
@@ -115,23 +116,6 @@ def mqueue(name: str, message: str = ""):
     got = libc.mq_receive(qd, buf, len(buf), None)
     return {"read": buf.raw[:got].decode() if got >= 0 else None}
 
-def hold_memfd(mb: int):
-    """Memory no address-space limit sees: pages written into an anonymous file, kept while the session lives."""
-    global HELD
-    HELD = os.memfd_create("held")
-    chunk = b"m" * (1 << 20)
-    for _ in range(mb):
-        os.write(HELD, chunk)
-    return "held"
-
-def spin_children(n: int):
-    """Busy processes left running in the background: the call itself returns at once."""
-    for _ in range(n):
-        if os.fork() == 0:
-            while True:
-                pass
-    return "spinning"
-
 def burn(seconds: float):
     import time
     start = time.process_time()
@@ -152,8 +136,9 @@ def leave_behind():
         os._exit(0)
     return "left"
 '''
+PROBES += ATTACKS_CODE  # the attacks `bench isolation` runs: memfd, spinners, fork_bomb, newlines, files, memory
 TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
-         "touch_many", "mqueue", "leave_behind", "hold_memfd", "spin_children", "burn")
+         "touch_many", "mqueue", "leave_behind", "burn", *ATTACK_TOOLS)
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
@@ -313,7 +298,7 @@ def test_memory_held_outside_the_address_space_ends_that_session_only(small: Poo
     async def scenario() -> tuple[ToolObservation, list[ToolObservation], str]:
         a, b = await pool.open(probes_env()), await pool.open(probes_env())
         before = await _calls(pool, b, ("write", {"path": "/tmp/mine", "text": "B-STATE"}), ("whoami", {}))
-        held = await pool.call(a, "hold_memfd", {"mb": 2 * limit + 64})
+        held = await pool.call(a, "memfd", {"mb": 2 * limit + 64})
         after = await _calls(pool, b, ("read", {"path": "/tmp/mine"}), ("whoami", {}))
         again = (await pool.call(a, "whoami", {})).outcome  # the attacker's session restarted and serves again
         await pool.close(a)
@@ -337,7 +322,7 @@ def test_busy_processes_left_by_a_session_leave_its_neighbour_a_share(small: Poo
 
     async def scenario() -> tuple[ToolObservation, list[ToolObservation]]:
         a, b = await pool.open(probes_env()), await pool.open(probes_env())
-        spin = await pool.call(a, "spin_children", {"n": pool.cfg.pids - 4})
+        spin = await pool.call(a, "spinners", {"n": pool.cfg.pids - 4})
         calls = [await pool.call(b, "burn", {"seconds": 0.3}, timeout_s=1.0) for _ in range(10)]
         await pool.close(a)
         await pool.close(b)

@@ -80,12 +80,12 @@ def memory():
     while True:
         chunks.append(bytearray(50 << 20))
 '''
-TOOLS = ("ok", "memfd", "spinners", "fork_bomb", "newlines", "files", "memory")
 ATTACKS = ("memfd", "spinners", "fork_bomb", "newlines", "files", "memory")
+ATTACK_TOOLS = ("ok", *ATTACKS)
 
 
 def attacks_env() -> Environment:
-    return Environment(name="attacks", tools=[FunctionDoc(name=n) for n in TOOLS], code=ATTACKS_CODE)
+    return Environment(name="attacks", tools=[FunctionDoc(name=n) for n in ATTACK_TOOLS], code=ATTACKS_CODE)
 
 
 def _args(attack: str, cfg: SandboxConfig) -> dict[str, Any]:
