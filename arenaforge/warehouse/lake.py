@@ -136,7 +136,8 @@ class _Engine:
             except duckdb.Error as err:
                 self.db.close()
                 raise WarehouseError(f"cannot open warehouse {location.target}: {str(err).splitlines()[0]}") from None
-        _retry_busy(lambda: self.db.execute(f"USE {ALIAS}"), timeout_s)  # reads the catalog: busy while another process writes it
+        # USE reads the catalog: busy while another process writes it
+        _retry_busy(lambda: self.db.execute(f"USE {ALIAS}"), timeout_s)
         self.users = 0
 
     def cursor(self, begin: bool = False) -> duckdb.DuckDBPyConnection:

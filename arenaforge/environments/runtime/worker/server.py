@@ -143,8 +143,10 @@ class Server(SessionServer):
             self.info_extra["net_isolated"] = policy.net_isolated()
             self.info_extra.update(policy.probe(self.limits))
             self.limits.update({k: self.info_extra[k] for k in ("namespaces", "seccomp")})
-            bases, why = cgroups.setup(self.group, self.limits["scratch_root"], tuple(self.limits["cgroups_wanted"])) if self.is_root and self.limits["uid_base"] else \
-                ({}, "sessions do not get uids of their own")
+            if self.is_root and self.limits["uid_base"]:
+                bases, why = cgroups.setup(self.group, self.limits["scratch_root"], tuple(self.limits["cgroups_wanted"]))
+            else:
+                bases, why = {}, "sessions do not get uids of their own"
             self.limits["cgroups"] = bases
             self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group})
             self.reply({"id": rid, "ok": True, "info": self._info()})
