@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.tasks.train import jobs
-from arenaforge.tasks.train.jobs import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
+from arenaforge.tasks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 
 rollout_task = task(jobs.rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
 grpo_task = task(jobs.grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])

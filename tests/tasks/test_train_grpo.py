@@ -371,7 +371,8 @@ def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
 
 def test_lora_and_bf16_are_refused_for_verl_in_one_line():
     """verl trains with its own actor config: a LoRA rank or precision set here would be silently ignored there."""
-    from arenaforge.tasks.train.jobs import GrpoParams, VerlParams, verl_job
+    from arenaforge.tasks.train.params import GrpoParams, VerlParams
+    from arenaforge.tasks.train.jobs import verl_job
 
     for extra in ({"lora_rank": 8}, {"precision": "bf16"}):
         with pytest.raises(InputError, match="--lora-rank and --precision are for training here"):

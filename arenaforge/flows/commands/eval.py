@@ -58,7 +58,7 @@ def run_cmd(
     """Mean F1, recall, precision, calls per task and failure reasons (and an imported suite's native metric);
     stored as an eval_runs row."""
     from arenaforge.flows.train_flows import evaluate
-    from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, EvalParams
+    from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, EvalParams
 
     st = state(ctx)
     with flag_errors("eval run", ENV_FLAGS):

@@ -32,7 +32,7 @@ def run_cmd(
 ) -> None:
     """Roll out a policy on warehouse environments and store the rollouts."""
     from arenaforge.flows.train_flows import rollout
-    from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, RolloutParams
+    from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, RolloutParams
 
     st = state(ctx)
     with flag_errors("rollout run", ENV_FLAGS):

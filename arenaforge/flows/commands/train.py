@@ -99,7 +99,7 @@ def grpo_cmd(
 ) -> None:
     """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
-    from arenaforge.tasks.train.jobs import EnvSelection, EpisodeParams, GrpoParams, VerlParams
+    from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, GrpoParams, VerlParams
 
     with flag_errors("train grpo", ENV_FLAGS):
         params = GrpoParams(
@@ -133,7 +133,7 @@ def warmstart_cmd(
 ) -> None:
     """Warm-start SFT data: gold calls replayed in the sandbox, as OpenAI messages+tools JSONL."""
     from arenaforge.flows.train_flows import warmstart
-    from arenaforge.tasks.train.jobs import EnvSelection, WarmstartParams
+    from arenaforge.tasks.train.params import EnvSelection, WarmstartParams
 
     with flag_errors("train warmstart", ENV_FLAGS):
         params = WarmstartParams(**_common(ctx), out=out, envs=EnvSelection(limit=env_limit, split=split),
@@ -161,7 +161,7 @@ def sft_cmd(
 ) -> None:
     """Supervised fine-tuning with loss on assistant tokens only."""
     from arenaforge.flows.train_flows import train_sft
-    from arenaforge.tasks.train.jobs import SftParams
+    from arenaforge.tasks.train.params import SftParams
 
     if not Path(data).is_file():  # before a Prefect server starts for nothing
         raise InputError(f"train sft: --data {data}: no such file")

@@ -27,7 +27,7 @@ from arenaforge.schemas.config import load_config
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.schemas.models import Rollout
-from arenaforge.tasks.train.jobs import RECIPE
+from arenaforge.tasks.train.params import RECIPE
 from arenaforge.warehouse import Warehouse
 
 BOOTSTRAP = 2000
@@ -105,7 +105,8 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     """Each stage's policy on an imported suite (`envs import ...`, stored in `suite_db`), every split, greedy with the
     training episode limits (or `episode`): our F1 and the suite's own metric (`native`), beside the test split's
     numbers."""
-    from arenaforge.tasks.train.jobs import TRAIN_EPISODE, EnvSelection, PolicyParams, evaluate_policy, matching_envs
+    from arenaforge.tasks.train.params import EnvSelection, PolicyParams, TRAIN_EPISODE
+    from arenaforge.tasks.train.jobs import evaluate_policy, matching_envs
 
     envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
     if not envs:
@@ -159,7 +160,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
         ground_arguments: Top-level argument values copied from the conversation (--no-ground-arguments: decoded free).
         skip_forced_tokens: Tokens constrained decoding forced stay out of the GRPO loss (--no-skip-forced-tokens: in).
     """
-    from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, grpo_job
+    from arenaforge.tasks.train.params import EnvSelection, GrpoParams
+    from arenaforge.tasks.train.jobs import grpo_job
 
     if suite and not (suite_db and Path(suite_db).exists()):  # checked before an hour of training, not after
         raise InputError(f"--suite needs --suite-db: the warehouse the suite was imported into ({suite_db!r} is not one)")

@@ -73,7 +73,7 @@ async def bfcl_multi_turn(cfg: Any, wh: Warehouse, root: Path, paths: dict[str, 
     from arenaforge.environments.runtime import create_pool
     from arenaforge.tasks.benchmarks.learning import evaluate_suite
     from arenaforge.tasks.envs.import_bfcl import SUITE, import_suite, locate
-    from arenaforge.tasks.train.jobs import EpisodeParams
+    from arenaforge.tasks.train.params import EpisodeParams
 
     suite, db = f"{SUITE}_base", root / "bfcl_multi_turn.duckdb"
     store = Warehouse(db)
@@ -111,8 +111,8 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     """One SFT epoch from `start` on gold-call replays of `limit` train environments (drawn by `seed`); its
     checkpoint. The replays are `train warmstart`'s: the rollout's own prompt, the gold calls run in the sandbox."""
     from arenaforge.tasks.train.checkpoints import CheckpointManager
-    from arenaforge.tasks.train.jobs import (EnvSelection, SftParams, _warmstart_examples, config_for, select_envs,
-                                             sft_job)
+    from arenaforge.tasks.train.params import EnvSelection, SftParams
+    from arenaforge.tasks.train.jobs import _warmstart_examples, config_for, select_envs, sft_job
     from arenaforge.tasks.train.warmstart import write_jsonl
 
     params = SftParams(db=str(db), model_path=start, out_dir=str(root / "train"), experiment="sft-replays", epochs=1,
@@ -187,7 +187,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
     from arenaforge.tasks.sft.export import export_sft
     from arenaforge.tasks.train.base_models import policy_path
     from arenaforge.tasks.train.checkpoints import CheckpointManager
-    from arenaforge.tasks.train.jobs import EnvSelection, GrpoParams, SftParams, grpo_job, sft_job
+    from arenaforge.tasks.train.params import EnvSelection, GrpoParams, SftParams
+    from arenaforge.tasks.train.jobs import grpo_job, sft_job
     from arenaforge.tasks.train.sft import validation_loss
 
     base = policy_path(policy)
