@@ -9,6 +9,7 @@ import json
 import pytest
 
 from arenaforge.environments.runtime import Overloaded, Pool
+from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.benchmarks.retail_state import retail_environment, retail_episodes
 from tests.environments.conftest import PoolHandle, start_pool
@@ -100,3 +101,61 @@ def test_a_state_read_has_its_own_limit_not_the_tools(retail: Environment) -> No
         assert state == retail.initial_state
         assert slow == "timeout"  # the tool's own limit is still 20 ms
         assert resets == 0  # and the read reset nothing
+
+
+SLOW_STATE = '''
+
+import time
+
+
+class Slow:
+    """A state value whose repr takes wall time but no CPU, as a reply blocked on a busy worker does."""
+    __slots__ = ("seconds", "spin")
+
+    def __init__(self, seconds, spin):
+        self.seconds, self.spin = seconds, spin
+
+    def __repr__(self):
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            if not self.spin:
+                time.sleep(end - time.monotonic())
+        return "slow"
+
+
+def keep_slow_value(seconds: float, spin: bool):
+    DB["slow"] = Slow(seconds, spin)
+    return "kept"
+'''
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_state_read_counts_only_the_cpu_it_uses(backend: str) -> None:
+    """A state read waiting longer than its limit without using the CPU is read back, and the session keeps its
+    state; one that spins past its limit is the tool's timeout (issue 35)."""
+    from tests.environments.toolsets import retail_functions_env
+
+    env = retail_functions_env(SLOW_STATE, ("keep_slow_value",))
+    for handle in start_pool(backend, pool_size=1, call_timeout_s=0.5, state_timeout_s=1.0):
+
+        async def read(seconds: float, spin: bool) -> tuple[object, int]:
+            while True:
+                session = await handle.pool.open(env)
+                try:
+                    await handle.pool.call(session, "cancel_pending_order", {"order_id": "W1001", "reason": "r"})
+                    await handle.pool.call(session, "keep_slow_value", {"seconds": seconds, "spin": spin})
+                    try:
+                        return await handle.pool.state(session), session.resets
+                    except Overloaded:  # typed: on a loaded machine the session got no CPU in the window; not the
+                        continue  # subject here: ask again
+                    except SandboxError as err:
+                        return err, session.resets
+                finally:
+                    await handle.pool.close(session)
+
+        waited, waited_resets = handle.run(read(2.0, spin=False), timeout=300)
+        spun, _ = handle.run(read(10.0, spin=True), timeout=300)
+    assert isinstance(waited, dict), waited
+    assert waited["slow"] == "slow" and waited["orders"]["W1001"]["status"] == "cancelled"
+    assert waited_resets == 0
+    assert "time limit" in str(spun), spun  # the tool's own code ran past the limit: its timeout

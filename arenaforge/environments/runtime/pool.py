@@ -142,8 +142,8 @@ class Pool(WorkerSlots):
         """The session's state, for the harness only (never an agent tool, never counted as a call): each namespace's
         public instance attributes or state global as JSON (`worker.execution.Tools.snapshot`). Raises SandboxError
         when the state could not be read or is larger than `output_limit_bytes`."""
-        # its own limit: at 50 sessions on one worker, a ~4 MB state waited past the tool's 5 s to be written out,
-        # and a late read reset the session
+        # its own limit, counted by the worker in CPU time only (`deadlines.RequestClock`): at 50 sessions on one
+        # worker a ~4 MB state waited past its limit to be written out, and the late read reset the session
         timeout = max(self.cfg.state_timeout_s, self.cfg.call_timeout_s)
         obs = await self._call(session, STATE_TOOL, {}, timeout_s=timeout, count=False)
         if obs.outcome != "ok" or obs.truncated:

@@ -9,6 +9,10 @@ again, and a CPU quota's throttling not at all, so it is sampled.) A tool that u
 time, or that was starved but still burned 1/`stretch` of its limit on a CPU, ran too long:
 `timeout`, the tool's fault. One that barely got a CPU in the whole window was starved:
 `overloaded`, the sandbox's fault.
+
+The harness's own requests (a state read) are not tool time: their own time is only the CPU the session used.
+A multi-megabyte reply waits, blocked, for a busy worker to read it; that wait is the worker's, and counting it
+once turned a slow read at 50 sessions into a reset (issue 35).
 """
 
 from . import policy
@@ -17,10 +21,10 @@ from . import policy
 class RequestClock:
     """The time accounting of one request in flight."""
 
-    __slots__ = ("budget", "started", "own", "ran", "sampled", "cpu", "state")
+    __slots__ = ("budget", "started", "own", "ran", "sampled", "cpu", "state", "cpu_only")
 
-    def __init__(self, budget: float, now: float) -> None:
-        self.budget, self.started = budget, now
+    def __init__(self, budget: float, now: float, cpu_only: bool = False) -> None:
+        self.budget, self.started, self.cpu_only = budget, now, cpu_only
         self.own = self.ran = 0.0  # the request's own time and CPU time so far
         self.sampled, self.cpu, self.state = now, -1.0, ""  # no sample yet: a call costs no /proc read until it is slow
 
@@ -37,13 +41,13 @@ class RequestClock:
         cpu, state = sample
         if self.cpu < 0:  # the first sample, a quarter into the limit: that quarter counts as the tool's own time
             self.cpu, self.state = cpu, state
-            self.own += interval
+            self.own += 0.0 if self.cpu_only else interval
             return
         ran, self.cpu = max(0.0, cpu - self.cpu), cpu
         starved = state == "R" and self.state == "R"  # runnable at both ends: what it did not run, it waited
         self.state = state
         self.ran += ran
-        self.own += min(interval, ran) if starved else interval
+        self.own += ran if self.cpu_only or starved else interval
 
     def verdict(self, now: float, stretch: float) -> str | None:
         """"timeout" (the tool's fault), "overloaded" (the machine's), or None: not yet."""

@@ -19,6 +19,7 @@ import time
 
 from . import policy
 from .deadlines import RequestClock
+from .execution import STATE_TOOL
 from .protocol import encode, session_reply
 
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
@@ -136,7 +137,7 @@ class SessionServer:
             return
         req, body = sess.queue.pop(0)
         sess.nonce = _nonce()
-        self._arm(sess, req, float(req.get("timeout") or 5.0))
+        self._arm(sess, req, float(req.get("timeout") or 5.0), cpu_only=req.get("tool") == STATE_TOOL)
         tool = json.dumps(str(req.get("tool"))).encode()  # ASCII-escaped: whatever the caller named, it encodes
         self._send_child(sess, b'{"nonce":%d,"tool":%s,"args":%s}\n' % (sess.nonce, tool, body or b"{}"))
 
@@ -291,9 +292,9 @@ class SessionServer:
             else:
                 self.reply({"id": r["id"], "ok": False, "failure": failure, "error": error})
 
-    def _arm(self, sess: Session, req: dict, budget: float) -> None:
+    def _arm(self, sess: Session, req: dict, budget: float, cpu_only: bool = False) -> None:
         sess.pending, sess.serial, sess.stray = req, next(self.serials), 0
-        sess.clock = RequestClock(budget, time.monotonic())
+        sess.clock = RequestClock(budget, time.monotonic(), cpu_only)
         self._check_at(sess, sess.clock.first_check())
 
     def _check_at(self, sess: Session, when: float) -> None:
