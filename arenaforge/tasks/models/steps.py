@@ -8,7 +8,7 @@ step names: constructing a `Step` declares it, and the offline provider finds a 
 `declared(name)`.
 
 A stage's offline rule reads the stage's own types, so the stage module cannot import it at its top; `offline`
-is a function that imports the rule when the offline provider first needs it.
+is a function that imports the rule, called when the offline provider opens (`import_offline_rules`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ _DECLARED: dict[str, Step] = {}
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    name: str  # the label of its requests in `llm_calls` (never part of a request's hash)
+    name: str  # the label of its requests in `llm_calls` (never part of a request's cache key)
     prompt: str  # its prompt file, tasks/prompts/<prompt>.txt
-    schema: dict[str, Any] | None = field(repr=False)  # its answer's schema; a call may narrow it
+    schema: dict[str, Any] | None = field(repr=False)  # its answer's schema (None: each call gives one)
     max_tokens: int  # its answer budget; `model.max_tokens` caps it
     offline: Callable[[], OfflineRule] = field(repr=False)  # imports the offline provider's rule
 
