@@ -56,10 +56,10 @@ IMPL_SCHEMA: dict[str, Any] = {
         "call": {"type": "object", "required": ["arguments"], "properties": {"arguments": {"type": "object"}}},
     },
 }
-IMPLEMENT_TOOL = Step("envs.implement_tool", prompt="envs_implement_tool", schema=IMPL_SCHEMA, max_tokens=1200,
-                      offline=lambda: _offline_rules().implement_tool)
 _RETURNS = {"lookup": "object", "count": "integer", "sum": "number"}
 TOOL_CODE_MODES = ("model", "evidence")
+IMPLEMENT_TOOL = Step("envs.implement_tool", prompt="envs_implement_tool", schema=IMPL_SCHEMA, max_tokens=1200,
+                      offline=lambda: _offline_rules().implement_tool)
 
 
 def evidence_doc_schema(key: str, key_type: str) -> dict[str, Any]:
@@ -121,8 +121,8 @@ class ToolBuilder:
         self.p_aug = load_prompt(AUGMENT_TOOL.prompt)
         self.p_impl = load_prompt(IMPLEMENT_TOOL.prompt)
 
-    async def _ask(self, step: Step, text: Callable[[], str], seed: int, inputs: ToolInputs,
-                   schema: dict[str, Any] | None = None) -> Any:
+    async def _ask(self, step: Step, text: Callable[[], str], schema: dict[str, Any], seed: int, inputs: ToolInputs
+                   ) -> Any:
         try:
             return await complete_json(self.model, step, text, schema, seed=seed, inputs=inputs)
         except NoAnswer as err:
@@ -142,11 +142,12 @@ class ToolBuilder:
             else DOC_SCHEMA
         raw = await self._ask(TOOL_DOC, lambda: self.p_doc.render(
             main_question=qa.main_question, question=sub.question, answer=sub.answer, other_tools=others,
-            computes=describe(ev), key=ev.key, key_type=data.key_type), seed, inputs, doc_schema)
+            computes=describe(ev), key=ev.key, key_type=data.key_type), doc_schema, seed, inputs)
         base = check_doc(raw)
         if by_evidence:
             return self._from_evidence(qa, sub, base, data)
-        raw = await self._ask(AUGMENT_TOOL, lambda: self.p_aug.render(tool=base.model_dump_json()), seed, inputs)
+        raw = await self._ask(AUGMENT_TOOL, lambda: self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA,
+                              seed, inputs)
         doc = check_doc(raw)
         if doc.name != base.name or not set(base.parameters.get("required", [])) <= set(doc.parameters.get("required", [])) | set(
                 doc.parameters.get("properties", {})):
@@ -155,7 +156,7 @@ class ToolBuilder:
         impl = await self._ask(IMPLEMENT_TOOL, lambda: self.p_impl.render(
             tool=doc.model_dump_json(), question=sub.question, answer=sub.answer, feedback=note, name=doc.name,
             computes=describe(ev), layout=data.layout, sample=data.sample(), key=ev.key, value=ev.value),
-            seed, inputs)
+            IMPL_SCHEMA, seed, inputs)
         bad = stdlib_only(impl["code"])
         if bad:
             raise BuildError("non_stdlib_code", f"code imports {bad}")
