@@ -21,18 +21,38 @@ FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefe
                          "schemas": {"prefect", "duckdb"}}
 
 
+def _module_path(node: ast.expr) -> str | None:
+    """The module path a string (or an f-string's literal start, up to its first hole) names."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+        return str(node.values[0].value).rstrip(".") or None
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Dotted paths a module imports: import statements (`from a.b import c` counts as `a.b.c`) and
+    `importlib.import_module(...)` / `import_module(...)` / `__import__(...)` calls whose argument spells its path."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+        elif (isinstance(node, ast.Call) and node.args
+              and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__")):
+            named = _module_path(node.args[0])
+            if named:
+                found.add(named)
+    return found
+
+
 def _imports(path: Path) -> set[str]:
     """Top-level names imported; `arenaforge.<layer>` counts as `<layer>`."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] if node.module != "arenaforge" else [f"arenaforge.{a.name}" for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            found.add(parts[1] if parts[0] == "arenaforge" and len(parts) > 1 else parts[0])
+    for name in _imported_modules(path):
+        parts = name.split(".")
+        found.add(parts[1] if parts[0] == "arenaforge" and len(parts) > 1 else parts[0])
     return found
 
 
@@ -60,6 +80,36 @@ def test_the_rules_see_a_violation(tmp_path):
     bad.write_text("from arenaforge.warehouse.db import Warehouse\nimport duckdb\n")
     assert _imports(bad) & LAYERS - ALLOWED["schemas"] == {"warehouse"}
     assert _imports(bad) & FORBIDDEN_THIRD_PARTY["schemas"] == {"duckdb"}
+    # and an import by a module path in a string, which no import statement shows
+    hidden = tmp_path / "hidden.py"
+    hidden.write_text('import importlib\nimportlib.import_module(f"arenaforge.flows.commands.{name}")\n'
+                      '__import__("arenaforge.tasks.offline")\n')
+    assert _imports(hidden) & LAYERS - ALLOWED["environments"] == {"flows", "tasks"}
+
+
+# Inside tasks/, the model layer (tasks/models/) sits under every stage: stages declare their steps and bring
+# their offline rules (tasks.models.steps), so nothing in it imports a stage, a rule or any other part of tasks/.
+MODEL_LAYER = "tasks/models"
+
+
+def _upward_from_the_model_layer(path: Path) -> set[str]:
+    return {name for name in _imported_modules(path)
+            if name.startswith("arenaforge.tasks.") and not name.startswith("arenaforge.tasks.models.")}
+
+
+def test_the_model_layer_imports_no_stage():
+    bad = [f"{path.relative_to(PACKAGE)} imports {name}" for path in _modules(MODEL_LAYER)
+           for name in sorted(_upward_from_the_model_layer(path))]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_model_layer_rule_sees_an_upward_link(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import importlib\nfrom arenaforge.tasks import offline\nfrom arenaforge.tasks.models import Step\n"
+                   'importlib.import_module("arenaforge.tasks.offline.envs_decompose")\n'
+                   'importlib.import_module(f"{offline.__name__}.{name}")\n')
+    assert _upward_from_the_model_layer(bad) == {"arenaforge.tasks.offline",
+                                                 "arenaforge.tasks.offline.envs_decompose"}
 
 
 # Which provider answers is decided once, when the run's model is built (tasks/models/providers/): no step

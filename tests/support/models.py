@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from arenaforge.schemas.config import Config, ModelConfig
-from arenaforge.tasks.models import Accounted, OpenAICompatibleModel
+from arenaforge.tasks.models import Accounted, OpenAICompatibleModel, Step
 from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.run_scope import open_run_scope
 from arenaforge.warehouse import Warehouse
@@ -28,6 +28,15 @@ def http_model(cfg: ModelConfig, wh: Warehouse | None = None, run_id: str | None
 
 def offline_model() -> OfflineModel:
     return OfflineModel()
+
+
+def http_step(name: str, schema: dict[str, Any], max_tokens: int = 64) -> Step:
+    """A step the tests ask only of HTTP models (scripted endpoints, wire replays): it has no offline rule."""
+
+    def no_rule(request: Any, model: Any) -> Any:
+        raise AssertionError(f"step {name!r} is asked of HTTP models only")
+
+    return Step(name, prompt="", schema=schema, max_tokens=max_tokens, offline=lambda: no_rule)
 
 
 def run_stage(stage: Callable[..., Awaitable[Any]], cfg: Config, wh: Warehouse, run_id: str | None,

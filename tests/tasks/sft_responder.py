@@ -11,8 +11,13 @@ import random
 import re
 from typing import Any
 
+from arenaforge.schemas.models import JudgeScore
 from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
-from arenaforge.tasks.sft.tool_simulator import sample_value
+from arenaforge.tasks.sft.chains import CHAIN_TO_QUERY, PROPOSE_CHAINS, QUERY_TO_CHAIN, VERIFY_CHAIN
+from arenaforge.tasks.sft.judge_trajectories import JUDGE_TRAJECTORY
+from arenaforge.tasks.sft.score_queries import SCORE_QUERY
+from arenaforge.tasks.sft.synthesize_queries import AUGMENT_QUERY, WRITE_QUERY
+from arenaforge.tasks.sft.tool_simulator import SIMULATE_TOOL, sample_value
 
 _TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
 
@@ -40,24 +45,27 @@ class SftResponder:
         if req.get("tools"):
             return self._agent(req)
         fmt = req.get("response_format") or {}
-        step = fmt.get("json_schema", {}).get("name", "").removeprefix("sft_")
+        step = fmt.get("json_schema", {}).get("name", "").replace("_", ".", 1)  # the step's name, "." written "_"
         schema = fmt.get("json_schema", {}).get("schema", {})
         prompt = req["messages"][0]["content"]
         names = _TOOL_LINE.findall(prompt)
         answers = {
-            "propose_chains": lambda: {"chains": [names[i:i + 2] for i in range(0, max(len(names) - 1, 1))] or [names]},
-            "verify_chain": lambda: {"valid": not self.reject_chains, "reason": "each input comes from the user or an earlier output"},
-            "chain_to_query": lambda: {"query": "Please " + ", then ".join(n.replace("_", " ") for n in _chain(prompt)) + "."},
-            "query_to_chain": lambda: {"tools": _named_in_query(prompt, names)},
-            "write_query": lambda: {"query": "I am in Oslo next week; what will the weather be and is the air clean?"},
-            "augment_query": lambda: {"query": "As a cyclist in Oslo, tell me next week's forecast and the air quality.",
-                                      "persona": "cyclist"},
-            "score_query": lambda: {"clarity": 0.9, "realism": 0.85, "tool_necessity": 0.95, "rationale": "clear"},
-            "simulate_tool": lambda: ({"wrong": True} if self.break_simulator
-                                      else sample_value(schema, "result", self.rng)),
-            "judge_trajectory": lambda: {d: 0.9 for d in ("query_understanding", "planning", "tool_response_understanding",
-                                                           "context_conditioned_planning", "tool_call_status",
-                                                           "tool_conciseness", "final_answer_quality")} | {"rationale": "good"},
+            PROPOSE_CHAINS.name: lambda: {
+                "chains": [names[i:i + 2] for i in range(0, max(len(names) - 1, 1))] or [names]},
+            VERIFY_CHAIN.name: lambda: {"valid": not self.reject_chains,
+                                        "reason": "each input comes from the user or an earlier output"},
+            CHAIN_TO_QUERY.name: lambda: {
+                "query": "Please " + ", then ".join(n.replace("_", " ") for n in _chain(prompt)) + "."},
+            QUERY_TO_CHAIN.name: lambda: {"tools": _named_in_query(prompt, names)},
+            WRITE_QUERY.name: lambda: {
+                "query": "I am in Oslo next week; what will the weather be and is the air clean?"},
+            AUGMENT_QUERY.name: lambda: {
+                "query": "As a cyclist in Oslo, tell me next week's forecast and the air quality.",
+                "persona": "cyclist"},
+            SCORE_QUERY.name: lambda: {"clarity": 0.9, "realism": 0.85, "tool_necessity": 0.95, "rationale": "clear"},
+            SIMULATE_TOOL.name: lambda: ({"wrong": True} if self.break_simulator
+                                         else sample_value(schema, "result", self.rng)),
+            JUDGE_TRAJECTORY.name: lambda: {d: 0.9 for d in JudgeScore.DIMENSIONS} | {"rationale": "good"},
         }
         if step not in answers:
             return chat_completion(content="{}")

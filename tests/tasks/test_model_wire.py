@@ -18,11 +18,13 @@ import pytest
 from arenaforge.schemas.config import ModelConfig
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
 from arenaforge.tasks.models import ChatRequest, complete_json
-from tests.support.models import http_model
+from arenaforge.tasks.sft.agent import AGENT
+from tests.support.models import http_model, http_step
 
 WIRE = Path(__file__).parent / "wire"
 RECORDINGS = sorted(p.stem for p in WIRE.glob("*.json"))
 GEO = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+GEO_STEP = http_step("wire.geo", GEO)
 PROBE = {"role": "user", "content": "What is the weather in Paris? Answer in JSON with the key city."}
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
@@ -110,9 +112,9 @@ def test_structured_answers_negotiate_a_mode_once(scripted_openai, name):
     replay = scripted_openai.responder = Replay(rec)
     replay.answer = {"city": "Paris"}
     with _model(scripted_openai, rec) as model:
-        first = asyncio.run(complete_json(model, "wire.geo", [PROBE], GEO))
+        first = asyncio.run(complete_json(model, GEO_STEP, [PROBE]))
         sent_first = len(scripted_openai.chat_requests())
-        second = asyncio.run(complete_json(model, "wire.geo", [PROBE, {"role": "user", "content": "Again."}], GEO))
+        second = asyncio.run(complete_json(model, GEO_STEP, [PROBE, {"role": "user", "content": "Again."}]))
     assert first["city"] == second["city"] == "Paris"
     requests = scripted_openai.chat_requests()
     assert _modes(requests[:sent_first]) == rec["expect"]["structured_modes"]
@@ -130,12 +132,12 @@ def test_tool_turns_work_natively_or_in_the_prompt(scripted_openai, name):
     replay = scripted_openai.responder = Replay(rec)
     with _model(scripted_openai, rec) as model:
         replay.answer = {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}
-        turn = asyncio.run(model.complete(ChatRequest(step="sft.agent", messages=HISTORY, tools=WEATHER)))
+        turn = asyncio.run(model.complete(ChatRequest(step=AGENT.name, messages=HISTORY, tools=WEATHER)))
         history = [*HISTORY, turn.message.model_dump(mode="json", exclude_none=True),
                    {"role": "tool", "tool_call_id": turn.message.tool_calls[0].id, "name": "get_weather",
                     "content": '{"temp": 3}'}]
         replay.answer = {"answer": "21 degrees in Paris, 3 in Oslo."}
-        final = asyncio.run(model.complete(ChatRequest(step="sft.agent", messages=history, tools=WEATHER,
+        final = asyncio.run(model.complete(ChatRequest(step=AGENT.name, messages=history, tools=WEATHER,
                                                        tool_choice="none")))
         tool_mode = model.tool_mode
     call = turn.message.tool_calls[0].function

@@ -18,11 +18,15 @@ from arenaforge.schemas.errors import (
     ProviderUnreachable,
 )
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.models import ANSWER_TOKENS, ChatRequest, complete_json
+from arenaforge.tasks.models import ChatRequest, complete_json
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
+from arenaforge.tasks.sft.chains import PROPOSE_CHAINS
+from arenaforge.tasks.sft.score_queries import SCORE_QUERY
 from tests.support.models import http_model as chat_model
+from tests.support.models import http_step
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+GEO = http_step("geo", SCHEMA)
 
 
 def _cfg(url: str, **kw) -> ModelConfig:
@@ -51,7 +55,7 @@ def test_structured_output_reasks_on_invalid_json_then_validates(scripted_openai
     scripted_openai.script([chat_completion(content="not json"), chat_completion(content='{"town": 1}'),
                             chat_completion(content='```json\n{"city": "Oslo"}\n```')])
     with chat_model(_cfg(scripted_openai.url, max_reasks=2)) as model:
-        parsed = asyncio.run(complete_json(model, "geo", [{"role": "user", "content": "where?"}], SCHEMA))
+        parsed = asyncio.run(complete_json(model, GEO, [{"role": "user", "content": "where?"}]))
     assert parsed == {"city": "Oslo"}
     reqs = scripted_openai.chat_requests()
     assert len(reqs) == 3
@@ -64,7 +68,7 @@ def test_structured_output_gives_up_with_parse_error(scripted_openai):
     scripted_openai.responder = lambda req: chat_completion(content="[1, 2")
     with chat_model(_cfg(scripted_openai.url, max_reasks=1)) as model:
         with pytest.raises(ParseError, match="still invalid after 1 re-asks"):
-            asyncio.run(complete_json(model, "geo", [{"role": "user", "content": "x"}], SCHEMA))
+            asyncio.run(complete_json(model, GEO, [{"role": "user", "content": "x"}]))
     assert len(scripted_openai.chat_requests()) == 2
 
 
@@ -264,11 +268,11 @@ def test_every_request_is_booked_with_its_cost_class_and_wasted_tokens(scripted_
                             Reply(status=500), chat_completion(content="[1"), chat_completion(content="[1")])
     with chat_model(_cfg(scripted_openai.url, max_reasks=1), tmp_warehouse, run_id="run-acc") as model:
         async def go():
-            assert await complete_json(model, "geo", [{"role": "user", "content": "a"}], SCHEMA) == {"city": "Oslo"}
+            assert await complete_json(model, GEO, [{"role": "user", "content": "a"}]) == {"city": "Oslo"}
             with pytest.raises(ProviderError):
                 await model.complete(ChatRequest(step="chat", messages=[{"role": "user", "content": "b"}]))
             with pytest.raises(ParseError):
-                await complete_json(model, "geo", [{"role": "user", "content": "c"}], SCHEMA)
+                await complete_json(model, GEO, [{"role": "user", "content": "c"}])
         asyncio.run(go())
     _, rows = tmp_warehouse.query("SELECT step, cost_class, error_kind, reasks, prompt_tokens + completion_tokens, "
                                   "wasted_tokens FROM llm_calls WHERE run_id = 'run-acc' ORDER BY call_id")
@@ -280,13 +284,13 @@ def test_every_request_carries_a_seed_and_the_steps_token_budget(scripted_openai
     scripted_openai.responder = lambda req: chat_completion(content='{"city": "Oslo"}')
     with chat_model(_cfg(scripted_openai.url, seed=11, max_tokens=4096)) as model:
         async def go():
-            await complete_json(model, "sft.score_query", [{"role": "user", "content": "a"}], SCHEMA)
-            await complete_json(model, "sft.score_query", [{"role": "user", "content": "b"}], SCHEMA, seed=5)
+            await complete_json(model, SCORE_QUERY, [{"role": "user", "content": "a"}], SCHEMA)
+            await complete_json(model, SCORE_QUERY, [{"role": "user", "content": "b"}], SCHEMA, seed=5)
             await model.complete(ChatRequest(step="free", messages=[{"role": "user", "content": "c"}]))
         asyncio.run(go())
     first, second, third = scripted_openai.chat_requests()
     assert (first["seed"], second["seed"], third["seed"]) == (11, 5, 11)
-    assert first["max_tokens"] == ANSWER_TOKENS["sft.score_query"] < 4096 and third["max_tokens"] == 4096
+    assert first["max_tokens"] == SCORE_QUERY.max_tokens < 4096 and third["max_tokens"] == 4096
 
 
 def test_request_timeout_starts_when_the_request_is_sent(scripted_openai):
@@ -314,8 +318,8 @@ def test_a_lazy_prompt_is_rendered_for_a_model_and_never_for_rules(scripted_open
 
     scripted_openai.responder = lambda req: chat_completion(content='{"city": "Oslo"}')
     with chat_model(_cfg(scripted_openai.url)) as model:
-        assert asyncio.run(complete_json(model, "geo", prompt, SCHEMA)) == {"city": "Oslo"}
+        assert asyncio.run(complete_json(model, GEO, prompt)) == {"city": "Oslo"}
     assert rendered == ["where?"]
     assert scripted_openai.chat_requests()[0]["messages"] == [{"role": "user", "content": "where?"}]
-    answer = asyncio.run(complete_json(offline_model(), "sft.propose_chains", prompt, {"type": "object"}))
+    answer = asyncio.run(complete_json(offline_model(), PROPOSE_CHAINS, prompt, {"type": "object"}))
     assert answer == {"chains": []} and rendered == ["where?"]  # rules answered without the text

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+
+if TYPE_CHECKING:
+    from arenaforge.tasks.models import Step
 
 
 def _step(req: dict[str, Any]) -> str:
@@ -27,9 +30,14 @@ def _prompt(req: dict[str, Any]) -> str:
 class EnvsResponder:
     """Per-step JSON answers for the envs prompts (see module docstring)."""
 
-    def __init__(self, bad_code: str | None = None, not_json_steps: tuple[str, ...] = (),
+    def __init__(self, bad_code: str | None = None, not_json_steps: tuple[Step, ...] = (),
                  not_json_variants: tuple[int, ...] = ()) -> None:
+        # the stages are imported here, not at the top: `arenaforge bench --help` imports this module
+        from arenaforge.tasks.envs.build_tools import AUGMENT_TOOL, IMPLEMENT_TOOL, TOOL_DOC
+        from arenaforge.tasks.envs.decompose_qa import DECOMPOSE
         from arenaforge.tasks.envs.knowledge import load_sample
+        from arenaforge.tasks.envs.merge_envs import MERGE_CLUSTER
+        from arenaforge.tasks.envs.verify_qa import VERIFY
 
         src = load_sample()
         self.customers = {r[0]: dict(zip(("city", "tier", "country", "last_name"), r[1:], strict=True))
@@ -37,18 +45,21 @@ class EnvsResponder:
         self.orders = src.query("SELECT order_id, customer_id FROM orders ORDER BY 1")
         src.close()
         self.bad_code = bad_code
-        self.not_json_steps = not_json_steps
+        self.not_json_steps = {s.name for s in not_json_steps}
         self.not_json_variants = not_json_variants  # decomposition variants answered in prose
+        self.decompose_step = DECOMPOSE.name
+        self.handlers = {DECOMPOSE.name: self.decompose, VERIFY.name: self.verify, TOOL_DOC.name: self.tool_doc,
+                         AUGMENT_TOOL.name: self.augment, IMPLEMENT_TOOL.name: self.implement,
+                         MERGE_CLUSTER.name: self.merge}
 
     def __call__(self, req: dict[str, Any]) -> Reply:
         step = _step(req)
         variant = re.search(r"Variant number[^:]*: (\d+)", _prompt(req))
-        broken = step == "envs.decompose" and variant is not None and int(variant.group(1)) in self.not_json_variants
-        if broken or any(step.startswith(s) for s in self.not_json_steps):
+        broken = (step == self.decompose_step and variant is not None
+                  and int(variant.group(1)) in self.not_json_variants)
+        if broken or step in self.not_json_steps:
             return Reply(body=chat_completion(content="Sure! Here is what you asked for, in prose."))
-        handler = {"envs.decompose": self.decompose, "envs.verify_qa": self.verify, "envs.tool_doc": self.tool_doc,
-                   "envs.augment_tool": self.augment, "envs.implement_tool": self.implement,
-                   "envs.merge_cluster": self.merge}.get(step)
+        handler = self.handlers.get(step)
         body = handler(_prompt(req)) if handler else {"error": f"unknown step {step}"}
         return Reply(body=chat_completion(content=json.dumps(body)))
 

@@ -21,6 +21,7 @@ import random
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from arenaforge.schemas.models import Evidence, FunctionDoc, GoldCall, QAInstance, SubQA
@@ -29,14 +30,25 @@ from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.tool_code import code_from_evidence
 from arenaforge.tasks.envs.tool_data import Probe, ToolData, tool_data, typed
 from arenaforge.tasks.envs.tool_impl import BuildError, ToolImpl, args_valid, check_doc, stdlib_only
-from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json, reads_prompts
+from arenaforge.tasks.models import ChatModel, NoAnswer, Step, complete_json, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import envs_tools  # its rules read this module's types: loaded after it
+
+    return envs_tools
+
 
 DOC_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["name", "description", "parameters"],
     "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}, "description": {"type": "string"},
                    "parameters": {"type": "object"}},
 }
+TOOL_DOC = Step("envs.tool_doc", prompt="envs_tool_doc", schema=DOC_SCHEMA, max_tokens=400,
+                offline=lambda: _offline_rules().tool_doc)
+AUGMENT_TOOL = Step("envs.augment_tool", prompt="envs_augment_tool", schema=DOC_SCHEMA, max_tokens=500,
+                    offline=lambda: _offline_rules().augment_tool)
 IMPL_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["code", "call"],
     "properties": {
@@ -46,6 +58,8 @@ IMPL_SCHEMA: dict[str, Any] = {
 }
 _RETURNS = {"lookup": "object", "count": "integer", "sum": "number"}
 TOOL_CODE_MODES = ("model", "evidence")
+IMPLEMENT_TOOL = Step("envs.implement_tool", prompt="envs_implement_tool", schema=IMPL_SCHEMA, max_tokens=1200,
+                      offline=lambda: _offline_rules().implement_tool)
 
 
 def evidence_doc_schema(key: str, key_type: str) -> dict[str, Any]:
@@ -103,11 +117,11 @@ class ToolBuilder:
         self.source = source
         self.seed = seed
         self.tool_code = tool_code  # "evidence": the model writes the document, the program the code
-        self.p_doc = load_prompt("envs_tool_doc")
-        self.p_aug = load_prompt("envs_augment_tool")
-        self.p_impl = load_prompt("envs_implement_tool")
+        self.p_doc = load_prompt(TOOL_DOC.prompt)
+        self.p_aug = load_prompt(AUGMENT_TOOL.prompt)
+        self.p_impl = load_prompt(IMPLEMENT_TOOL.prompt)
 
-    async def _ask(self, step: str, text: Callable[[], str], schema: dict[str, Any], seed: int, inputs: ToolInputs
+    async def _ask(self, step: Step, text: Callable[[], str], schema: dict[str, Any], seed: int, inputs: ToolInputs
                    ) -> Any:
         try:
             return await complete_json(self.model, step, text, schema, seed=seed, inputs=inputs)
@@ -126,20 +140,20 @@ class ToolBuilder:
         by_evidence = self.tool_code == "evidence"
         doc_schema = evidence_doc_schema(ev.key or "", data.key_type) if by_evidence and reads_prompts(self.model) \
             else DOC_SCHEMA
-        raw = await self._ask("envs.tool_doc", lambda: self.p_doc.render(
+        raw = await self._ask(TOOL_DOC, lambda: self.p_doc.render(
             main_question=qa.main_question, question=sub.question, answer=sub.answer, other_tools=others,
             computes=describe(ev), key=ev.key, key_type=data.key_type), doc_schema, seed, inputs)
         base = check_doc(raw)
         if by_evidence:
             return self._from_evidence(qa, sub, base, data)
-        raw = await self._ask("envs.augment_tool", lambda: self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA,
+        raw = await self._ask(AUGMENT_TOOL, lambda: self.p_aug.render(tool=base.model_dump_json()), DOC_SCHEMA,
                               seed, inputs)
         doc = check_doc(raw)
         if doc.name != base.name or not set(base.parameters.get("required", [])) <= set(doc.parameters.get("required", [])) | set(
                 doc.parameters.get("properties", {})):
             doc = base  # augmentation that renames the tool or drops parameters is ignored
         note = f"A previous implementation failed: {feedback}\nFix it." if feedback else ""
-        impl = await self._ask("envs.implement_tool", lambda: self.p_impl.render(
+        impl = await self._ask(IMPLEMENT_TOOL, lambda: self.p_impl.render(
             tool=doc.model_dump_json(), question=sub.question, answer=sub.answer, feedback=note, name=doc.name,
             computes=describe(ev), layout=data.layout, sample=data.sample(), key=ev.key, value=ev.value),
             IMPL_SCHEMA, seed, inputs)

@@ -18,6 +18,7 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from arenaforge.schemas.base import Provenance
@@ -26,8 +27,15 @@ from arenaforge.schemas.models import Evidence, QAInstance, Rejection, SubQA
 
 from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
-from arenaforge.tasks.models import ChatModel, NoAnswer, complete_json, graded_by
+from arenaforge.tasks.models import ChatModel, NoAnswer, Step, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import envs_decompose  # its rules read this module's types: loaded after it
+
+    return envs_decompose
+
 
 STRUCTURES = ("single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop")
 
@@ -141,6 +149,10 @@ QA_SCHEMA: dict[str, Any] = {
 }
 
 
+DECOMPOSE = Step("envs.decompose", prompt="envs_decompose", schema=QA_SCHEMA, max_tokens=900,
+                 offline=lambda: _offline_rules().decompose)
+
+
 @dataclass(frozen=True)
 class DecomposeInputs:
     """What one instance's decomposition prompt is rendered from (the offline provider answers from these)."""
@@ -163,7 +175,7 @@ class QASynthesizer:
 
     def __init__(self, model: ChatModel) -> None:
         self.model = model
-        self.prompt = load_prompt("envs_decompose")
+        self.prompt = load_prompt(DECOMPOSE.prompt)
         self._summaries: dict[str, str] = {}  # per source name: rendered once per run
 
     def plan(self, source: KnowledgeSource, spec: QASpec) -> list[DecomposeInputs] | Rejection:
@@ -210,8 +222,7 @@ class QASynthesizer:
                 seed_question=inputs.seed_question or "(none: write your own question)", variant=inputs.k)
 
         try:
-            answer = await complete_json(self.model, "envs.decompose", text, QA_SCHEMA, seed=spec.seed + inputs.k,
-                                         inputs=inputs)
+            answer = await complete_json(self.model, DECOMPOSE, text, seed=spec.seed + inputs.k, inputs=inputs)
         except NoAnswer as err:
             return Rejection(stage="decompose_qa", subject=subject, reason=err.reason, detail=err.detail,
                              payload=err.payload)

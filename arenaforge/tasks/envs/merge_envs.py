@@ -23,6 +23,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import Any
 
 from arenaforge.environments.reward import answer_matches, gold_call_passes
@@ -30,8 +31,15 @@ from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.kinds_envs import EnvMerge, MergeCandidate, MergeMember, MergeProbe
 from arenaforge.tasks.envs.tool_data import Probe
 from arenaforge.tasks.envs.tool_impl import BuildError, EnvDraft, ToolImpl, merge_data
-from arenaforge.tasks.models import ChatModel, complete_json, graded_by
+from arenaforge.tasks.models import ChatModel, Step, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import envs_merge  # its rules read this module's types: loaded after it
+
+    return envs_merge
+
 
 MERGE_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["groups"],
@@ -40,6 +48,10 @@ MERGE_SCHEMA: dict[str, Any] = {
         "properties": {"tools": {"type": "array", "items": {"type": "string"}, "minItems": 2},
                        "operation": {"type": "string"}}}}},
 }
+
+
+MERGE_CLUSTER = Step("envs.merge_cluster", prompt="envs_merge_cluster", schema=MERGE_SCHEMA, max_tokens=800,
+                     offline=lambda: _offline_rules().merge_cluster)
 
 
 def _param_types(tool: ToolImpl) -> dict[str, Any]:
@@ -52,15 +64,15 @@ class ToolGrouper:
     def __init__(self, model: ChatModel) -> None:
         self.model = model
         self.method = "signature" if graded_by(model) == "rules" else "model"
-        self.prompt = load_prompt("envs_merge_cluster")
+        self.prompt = load_prompt(MERGE_CLUSTER.prompt)
 
     async def groups(self, tools: list[tuple[int, ToolImpl]]) -> list[list[tuple[int, ToolImpl]]]:
         labelled = {f"{t.name}@{i}": (i, t) for i, t in tools}
         listing = "\n".join(json.dumps({"tool": key, "description": t.doc.description, "parameters": _param_types(t)})
                             for key, (_, t) in labelled.items())
         try:
-            answer = await complete_json(self.model, "envs.merge_cluster", lambda: self.prompt.render(tools=listing),
-                                         MERGE_SCHEMA, temperature=0.0, inputs=labelled)
+            answer = await complete_json(self.model, MERGE_CLUSTER, lambda: self.prompt.render(tools=listing),
+                                         temperature=0.0, inputs=labelled)
         except (ParseError, ProviderError):
             return []  # no merge is always safe: every tool stays verified as it is
         out, used = [], set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, replace
+from types import ModuleType
 from typing import Any
 
 from arenaforge.schemas.base import Provenance
@@ -33,9 +34,16 @@ from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASpec, QASynthe
 from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
 from arenaforge.tasks.envs.knowledge import KnowledgeSource, Link
 from arenaforge.tasks.envs.tool_data import json_value, table_rows
-from arenaforge.tasks.models import NoAnswer, complete_json
+from arenaforge.tasks.models import NoAnswer, Step, complete_json
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.models.text_schemas import text_naming
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import envs_stepwise  # its rules read this module's types: loaded after it
+
+    return envs_stepwise
+
 
 STRUCTURES = ("single_hop", "parallel_single_hop", "multi_hop")
 WRITTEN_BY = {"structure": "program", "rows": "program", "columns": "model", "sub_questions": "model",
@@ -135,13 +143,20 @@ def main_schema(names: list[str]) -> dict[str, Any]:
             "properties": {"main_question": text_naming(names, max_length=300)}}
 
 
+# each call's schema names its own fact's values: subqa_schema, main_schema
+WRITE_SUBQA = Step("envs.write_subqa", prompt="envs_write_subqa", schema=None, max_tokens=120,
+                   offline=lambda: _offline_rules().write_subqa)
+WRITE_MAIN_QUESTION = Step("envs.write_main_question", prompt="envs_write_main_question", schema=None,
+                           max_tokens=160, offline=lambda: _offline_rules().write_main_question)
+
+
 class StepwiseQASynthesizer(QASynthesizer):
     """`QASynthesizer` with the decomposition written in short steps (see module docstring)."""
 
     def __init__(self, model: Any) -> None:
         super().__init__(model)
-        self.p_sub = load_prompt("envs_write_subqa")
-        self.p_main = load_prompt("envs_write_main_question")
+        self.p_sub = load_prompt(WRITE_SUBQA.prompt)
+        self.p_main = load_prompt(WRITE_MAIN_QUESTION.prompt)
 
     def plan(self, source: KnowledgeSource, spec: QASpec) -> list[DecomposeInputs] | Rejection:
         kept = tuple(s for s in spec.structures if s in STRUCTURES)
@@ -171,7 +186,7 @@ class StepwiseQASynthesizer(QASynthesizer):
                 subs.append(made)
             starts = [facts[0].value] if facts[-1].depends_on else [f.value for f in facts]
             if facts[-1].depends_on:  # a chain: one question that hides the intermediate answer, the model's
-                main = await complete_json(self.model, "envs.write_main_question", lambda: self.p_main.render(
+                main = await complete_json(self.model, WRITE_MAIN_QUESTION, lambda: self.p_main.render(
                     sub_questions="\n".join(f"{s.index}. {s.question}" for s in subs), names=", ".join(starts)),
                     main_schema(starts), seed=spec.seed + inputs.k, inputs=(inputs, subs))
             else:  # independent facts: their (model-written) questions, joined by the program
@@ -206,7 +221,7 @@ class StepwiseQASynthesizer(QASynthesizer):
                                      row=json.dumps(fact.row, ensure_ascii=False),
                                      fields=", ".join(fact.columns))
 
-        got = await complete_json(self.model, "envs.write_subqa", text, subqa_schema(fact), seed=seed * 31 + index,
+        got = await complete_json(self.model, WRITE_SUBQA, text, subqa_schema(fact), seed=seed * 31 + index,
                                   inputs=SubQAInputs(fact, source))
         column, question, answer = got["column"], str(got["question"]).strip(), str(got["answer"]).strip()
         if column not in fact.columns:

@@ -28,6 +28,7 @@ import asyncio
 import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from arenaforge.environments.reward import answer_matches, normalise
@@ -35,8 +36,15 @@ from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.kinds_envs import QAVerification
 from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.decompose_qa import hop_level, qa_payload
-from arenaforge.tasks.models import ChatModel, complete_json, graded_by
+from arenaforge.tasks.models import ChatModel, Step, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import envs_verify  # its rules read this module's types: loaded after it
+
+    return envs_verify
+
 
 CHECKS = ("dependency_consistency", "sub_question_atomicity", "sequential_rationality", "task_completeness")
 
@@ -194,17 +202,21 @@ VERIFY_SCHEMA: dict[str, Any] = {
 }
 
 
+VERIFY = Step("envs.verify_qa", prompt="envs_verify_qa", schema=VERIFY_SCHEMA, max_tokens=300,
+              offline=lambda: _offline_rules().verify_qa)
+
+
 class QAJudge:
     """Asks the run's model the four checks and which sub-QAs need a tool."""
 
     def __init__(self, model: ChatModel) -> None:
         self.model = model
         self.verifier = graded_by(model)
-        self.prompt = load_prompt("envs_verify_qa")
+        self.prompt = load_prompt(VERIFY.prompt)
 
     async def judge(self, qa: QAInstance) -> Judgement:
-        answer = await complete_json(self.model, "envs.verify_qa", lambda: self.prompt.render(qa=qa_payload(qa)),
-                                     VERIFY_SCHEMA, temperature=0.0, inputs=qa)
+        answer = await complete_json(self.model, VERIFY, lambda: self.prompt.render(qa=qa_payload(qa)),
+                                     temperature=0.0, inputs=qa)
         necessity = {str(t["index"]): bool(t["needs_tool"]) for t in answer["tool_necessity"]}
         return Judgement(checks={c: bool(answer[c]) for c in CHECKS}, tool_necessity=necessity,
                          notes=tuple(answer.get("reasons", [])))

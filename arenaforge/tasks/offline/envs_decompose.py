@@ -28,7 +28,7 @@ from arenaforge.tasks.envs.decompose_qa import DecomposeInputs, QASpec, make_ins
 from arenaforge.tasks.envs.grounding import Ungrounded, source_answer
 from arenaforge.tasks.envs.knowledge import KnowledgeSource, Link
 from arenaforge.tasks.models import ChatRequest, NoAnswer
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 
 ATTEMPTS = 8
 
@@ -67,7 +67,6 @@ class _Stream:
     given: set[str] = field(default_factory=set)
 
 
-@generator("envs.decompose")
 def decompose(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: DecomposeInputs = request.inputs
     source, spec = inputs.source, inputs.spec

@@ -6,10 +6,9 @@ from typing import Any
 
 from arenaforge.tasks.envs.tool_impl import ToolImpl
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 
 
-@generator("envs.merge_cluster")
 def merge_cluster(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     labelled: dict[str, tuple[int, ToolImpl]] = request.inputs
     by_signature: dict[str, list[tuple[str, int]]] = {}

@@ -12,10 +12,9 @@ from typing import Any
 from arenaforge.tasks.envs.answers import entity, fmt_value, human
 from arenaforge.tasks.envs.stepwise_qa import SubQAInputs
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 
 
-@generator("envs.write_subqa")
 def write_subqa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     fact = request.inputs.fact if isinstance(request.inputs, SubQAInputs) else request.inputs
     column = random.Random(f"{request.seed}:{fact.table}:{fact.value}").choice(fact.columns)
@@ -24,7 +23,6 @@ def write_subqa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
             "answer": str(fmt_value(fact.row.get(column)))}
 
 
-@generator("envs.write_main_question")
 def write_main_question(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     _, subs = request.inputs
     first, last = subs[0].evidence, subs[-1].evidence

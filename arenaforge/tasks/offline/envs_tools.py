@@ -17,7 +17,7 @@ from arenaforge.tasks.envs.tool_code import code_from_evidence
 from arenaforge.tasks.envs.tool_data import typed
 from arenaforge.tasks.envs.tool_impl import DATA_VAR
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 
 _MAX_NAME = 64
 
@@ -66,17 +66,14 @@ def _doc(inputs: ToolInputs) -> dict[str, Any]:
                 "required": [key]}}
 
 
-@generator("envs.tool_doc")
 def tool_doc(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     return _doc(request.inputs)
 
 
-@generator("envs.augment_tool")
 def augment_tool(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     return _doc(request.inputs)  # the template's optional parameters are its added complexity
 
 
-@generator("envs.implement_tool")
 def implement_tool(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: ToolInputs = request.inputs
     doc = _doc(inputs)

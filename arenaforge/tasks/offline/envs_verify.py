@@ -20,10 +20,9 @@ from arenaforge.environments.reward import normalise
 from arenaforge.schemas.models import QAInstance
 from arenaforge.tasks.envs.verify_qa import CHECKS, mentions, tool_necessity
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 
 
-@generator("envs.verify_qa")
 def verify_qa(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     qa: QAInstance = request.inputs
     checks, notes = rule_checks(qa)

@@ -17,7 +17,7 @@ from typing import Any
 
 from arenaforge.schemas.models import ChatMessage, FunctionCall, Tool, ToolCall
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.sft.agent import AgentInputs
 from arenaforge.tasks.sft.synthesize_queries import clause
 from arenaforge.tasks.sft.tool_graph import humanize
@@ -31,7 +31,6 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-@generator("sft.agent")
 def agent(request: ChatRequest, model: OfflineModel) -> ChatMessage:
     inputs: AgentInputs = request.inputs
     key = ("sft.agent", inputs.episode)

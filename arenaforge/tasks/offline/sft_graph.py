@@ -13,7 +13,7 @@ import random
 from typing import Any
 
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.offline.sft_agent import plan_from_query
 from arenaforge.tasks.offline.sft_queries import compose
 from arenaforge.tasks.sft.synthesize_queries import user_values
@@ -21,26 +21,22 @@ from arenaforge.tasks.sft.chains import ChainInputs, PlanInputs
 from arenaforge.tasks.sft.tool_graph import satisfiable
 
 
-@generator("sft.propose_chains")
 def propose_chains(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     return {"chains": []}
 
 
-@generator("sft.verify_chain")
 def verify_chain(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: ChainInputs = request.inputs
     reasons = satisfiable(inputs.chain, inputs.graph)
     return {"valid": not reasons, "reasons": reasons}
 
 
-@generator("sft.chain_to_query")
 def chain_to_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: ChainInputs = request.inputs
     rng = random.Random("/".join(t.function.name for t in inputs.chain))  # its own stream: verification draws nothing
     return {"query": compose(inputs.chain, user_values(inputs.chain, rng), rng, style=None)}
 
 
-@generator("sft.query_to_chain")
 def query_to_chain(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: PlanInputs = request.inputs
     return {"tools": [t.function.name for t in plan_from_query(inputs.query, inputs.tools)]}

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.sft.judge_trajectories import JudgeInputs
 from arenaforge.tasks.sft.tool_graph import id_like
 
@@ -46,7 +46,6 @@ def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
     return table[-1][-1]
 
 
-@generator("sft.judge_trajectory")
 def judge_trajectory(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: JudgeInputs = request.inputs
     trajectory, chain = inputs.trajectory, inputs.chain

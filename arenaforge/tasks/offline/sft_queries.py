@@ -17,7 +17,7 @@ from typing import Any
 
 from arenaforge.schemas.models import Server, Tool
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.models.text_schemas import SENTENCE_WORD, SentenceBounds
 from arenaforge.tasks.sft.synthesize_queries import (AugmentInputs, QueryDraft, WriteInputs, clause, mention,
                                                       user_values)
@@ -29,7 +29,6 @@ _ROLES = ["small-business owner", "graduate student", "travel agent", "software 
 _STYLES = ["terse", "polite", "chatty", "precise"]
 
 
-@generator("sft.write_query")
 def write_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: WriteInputs = request.inputs
     by_name = {t.function.name: t for t in inputs.tools}
@@ -45,7 +44,6 @@ def write_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
             "values": {k: v for vs in values.values() for k, v in vs.items()}}
 
 
-@generator("sft.augment_query")
 def augment_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: AugmentInputs = request.inputs
     steps, values, marks = model.state[("sft.query", inputs.server.name, inputs.base.query)]

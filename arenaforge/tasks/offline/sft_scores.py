@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.sft.score_queries import ScoreInputs, _clip
 from arenaforge.tasks.sft.synthesize_queries import clause
 from arenaforge.tasks.sft.tool_graph import humanize, id_like, param_fields
@@ -24,7 +24,6 @@ def _tokens(text: str) -> set[str]:
     return set(_TOKENS.findall(text.lower()))
 
 
-@generator("sft.score_query")
 def score_query(request: ChatRequest, model: OfflineModel) -> dict[str, Any]:
     inputs: ScoreInputs = request.inputs
     draft, tools = inputs.draft, inputs.tools

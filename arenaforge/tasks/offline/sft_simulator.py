@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from arenaforge.tasks.models import ChatRequest
-from arenaforge.tasks.models.providers.offline import OfflineModel, generator
+from arenaforge.tasks.models.providers.offline import OfflineModel
 from arenaforge.tasks.sft.tool_simulator import SimulateInputs, output_problem_for, sample_value
 
 
@@ -19,7 +19,6 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-@generator("sft.simulate_tool")
 def simulate_tool(request: ChatRequest, model: OfflineModel) -> Any:
     inputs: SimulateInputs = request.inputs
     tool = inputs.tool

@@ -15,6 +15,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from arenaforge.environments.runtime.errors import EnvironmentFailure
@@ -23,11 +24,17 @@ from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import ChatMessage, Rejection, Server, Task, Tool, ToolChain, Trajectory
 from arenaforge.schemas.reasons import RejectReason
-from arenaforge.tasks.models import ANSWER_TOKENS, ChatModel, ChatRequest, reads_prompts
+from arenaforge.tasks.models import ChatModel, ChatRequest, Step, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.grounded_arguments import grounded_tools
 from arenaforge.tasks.sft.tool_graph import server_rng
 from arenaforge.tasks.sft.tool_simulator import SimulatorFactory, ToolExecutor, open_executor
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_agent  # its rules read this module's types: loaded after it
+
+    return sft_agent
 
 
 @dataclass
@@ -52,8 +59,13 @@ class AgentInputs:
     max_retries: int = 2
 
 
+# a turn is a chat message (tool calls or the final answer), not a JSON answer; its prompt is the system message
+AGENT = Step("sft.agent", prompt="sft_agent_system", schema=None, max_tokens=400,
+             offline=lambda: _offline_rules().agent)
+
+
 def system_message(server: Server) -> ChatMessage:
-    text = load_prompt("sft_agent_system").render(title=server.title or server.name, description=server.description)
+    text = load_prompt(AGENT.prompt).render(title=server.title or server.name, description=server.description)
     return ChatMessage(role="system", content=text.strip())
 
 
@@ -84,9 +96,9 @@ class Agent:
             choice = "none" if last else self.first_turn if turn == 0 else None
             if reads and self.grounded_arguments:
                 specs = grounded_tools(tools, messages)
-            response = await self.model.complete(ChatRequest(step="sft.agent", messages=wire if reads else wire[-1:],
+            response = await self.model.complete(ChatRequest(step=AGENT.name, messages=wire if reads else wire[-1:],
                                                              tools=specs, tool_choice=choice,
-                                                             max_tokens=ANSWER_TOKENS["sft.agent"], inputs=inputs))
+                                                             max_tokens=AGENT.max_tokens, inputs=inputs))
             reply = response.message
             messages.append(reply)
             wire.append(reply.model_dump(mode="json", exclude_none=True))

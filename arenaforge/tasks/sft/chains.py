@@ -12,6 +12,7 @@ import asyncio
 import functools
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import networkx as nx
@@ -20,7 +21,7 @@ from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
-from arenaforge.tasks.models import ChatModel, complete_json, reads_prompts
+from arenaforge.tasks.models import ChatModel, Step, complete_json, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.tool_graph import (
     Edge,
@@ -32,12 +33,23 @@ from arenaforge.tasks.sft.tool_graph import (
     tool_lines,
 )
 
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_graph  # its rules read this module's types: loaded after it
+
+    return sft_graph
+
+
 # --------------------------------------------------------------------------- edge proposal
 CHAINS_SCHEMA = {
     "type": "object",
     "properties": {"chains": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2}}},
     "required": ["chains"],
 }
+
+
+PROPOSE_CHAINS = Step("sft.propose_chains", prompt="sft_propose_chains", schema=CHAINS_SCHEMA, max_tokens=300,
+                      offline=lambda: _offline_rules().propose_chains)
 
 
 def with_tool_names(schema: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
@@ -69,13 +81,13 @@ class EdgeProposer:
         self.cfg = cfg
         self.model = model
         self.similarity = embedding_similarity if cfg.use_embeddings else None
-        self.prompt = load_prompt("sft_propose_chains")
+        self.prompt = load_prompt(PROPOSE_CHAINS.prompt)
 
     async def propose(self, server: Server, tools: Sequence[Tool]) -> tuple[list[Edge], list[Rejection]]:
         edges = dataflow_edges(tools, self.cfg.embedding_threshold, self.similarity)
         names = {t.function.name for t in tools}
         try:
-            answer = await complete_json(self.model, "sft.propose_chains", lambda: self.prompt.render(
+            answer = await complete_json(self.model, PROPOSE_CHAINS, lambda: self.prompt.render(
                 server=server.name, description=server.description or server.title, tools=tool_lines(tools)),
                 with_tool_names(CHAINS_SCHEMA, sorted(names)), inputs=ServerTools(server, tuple(tools)))
         except (ParseError, ProviderError) as err:
@@ -107,10 +119,16 @@ VOTE_SCHEMA = {"type": "object",
                "properties": {"valid": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 300},
                               "reasons": {"type": "array", "items": {"type": "string", "maxLength": 500}}},
                "required": ["valid"]}
+VERIFY_CHAIN = Step("sft.verify_chain", prompt="sft_verify_chain", schema=VOTE_SCHEMA, max_tokens=120,
+                    offline=lambda: _offline_rules().verify_chain)
 QUERY_SCHEMA = {"type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 500}},
                 "required": ["query"]}
+CHAIN_TO_QUERY = Step("sft.chain_to_query", prompt="sft_chain_to_query", schema=QUERY_SCHEMA, max_tokens=200,
+                      offline=lambda: _offline_rules().chain_to_query)
 PLAN_SCHEMA = {"type": "object", "properties": {"tools": {"type": "array", "items": {"type": "string"}}},
                "required": ["tools"]}
+QUERY_TO_CHAIN = Step("sft.query_to_chain", prompt="sft_query_to_chain", schema=PLAN_SCHEMA, max_tokens=150,
+                      offline=lambda: _offline_rules().query_to_chain)
 
 
 @dataclass(frozen=True)
@@ -139,9 +157,9 @@ class ChainVerifier:
         self.votes = cfg.verify_votes
         self.by_rules = cfg.verify_chains == "rules"
         self.model = model
-        self.vote_prompt = load_prompt("sft_verify_chain")
-        self.query_prompt = load_prompt("sft_chain_to_query")
-        self.plan_prompt = load_prompt("sft_query_to_chain")
+        self.vote_prompt = load_prompt(VERIFY_CHAIN.prompt)
+        self.query_prompt = load_prompt(CHAIN_TO_QUERY.prompt)
+        self.plan_prompt = load_prompt(QUERY_TO_CHAIN.prompt)
 
     async def verify(self, server: Server, chain: Sequence[Tool], g: nx.DiGraph,
                      tools: Sequence[Tool] = ()) -> tuple[bool, list[str]]:
@@ -155,9 +173,8 @@ class ChainVerifier:
         votes = self.votes if reads_prompts(self.model) else 1
 
         def ballot(judge: int) -> Awaitable[Any]:
-            return complete_json(self.model, "sft.verify_chain", lambda: self.vote_prompt.render(
-                server=server.name, tools=tools_text(), chain=" -> ".join(names), judge=judge), VOTE_SCHEMA,
-                inputs=inputs)
+            return complete_json(self.model, VERIFY_CHAIN, lambda: self.vote_prompt.render(
+                server=server.name, tools=tools_text(), chain=" -> ".join(names), judge=judge), inputs=inputs)
 
         try:
             ballots = [await ballot(1)] if votes == 1 else await asyncio.gather(*[ballot(i + 1) for i in range(votes)])
@@ -170,9 +187,9 @@ class ChainVerifier:
                             if why not in reasons:
                                 reasons.append(why)
                 return False, reasons
-            query = await complete_json(self.model, "sft.chain_to_query", lambda: self.query_prompt.render(
-                server=server.name, tools=tools_text(), chain=" -> ".join(names)), QUERY_SCHEMA, inputs=inputs)
-            plan = await complete_json(self.model, "sft.query_to_chain", lambda: self.plan_prompt.render(
+            query = await complete_json(self.model, CHAIN_TO_QUERY, lambda: self.query_prompt.render(
+                server=server.name, tools=tools_text(), chain=" -> ".join(names)), inputs=inputs)
+            plan = await complete_json(self.model, QUERY_TO_CHAIN, lambda: self.plan_prompt.render(
                 server=server.name, tools=tool_lines(tools or chain), query=query["query"]),  # among every tool
                 with_tool_names(PLAN_SCHEMA, [t.function.name for t in tools or chain]),
                 inputs=PlanInputs(server, query["query"], tuple(tools or chain)))

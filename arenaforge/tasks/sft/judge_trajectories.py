@@ -14,15 +14,23 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from arenaforge.environments.reward import normalise
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, ToolChain, Trajectory
-from arenaforge.tasks.models import ChatModel, complete_json, graded_by
+from arenaforge.tasks.models import ChatModel, Step, complete_json, graded_by
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.grounded_arguments import invented_argument, json_leaves
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_judge  # its rules read this module's types: loaded after it
+
+    return sft_judge
+
 
 JUDGE_SCHEMA = {
     "type": "object",
@@ -30,6 +38,10 @@ JUDGE_SCHEMA = {
                    "rationale": {"type": "string", "maxLength": 400}},
     "required": list(JudgeScore.DIMENSIONS),
 }
+
+
+JUDGE_TRAJECTORY = Step("sft.judge_trajectory", prompt="sft_judge_trajectory", schema=JUDGE_SCHEMA, max_tokens=300,
+                        offline=lambda: _offline_rules().judge_trajectory)
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,7 @@ class TrajectoryJudge:
     def __init__(self, model: ChatModel) -> None:
         self.model = model
         self.kind = graded_by(model)
-        self.prompt = load_prompt("sft_judge_trajectory")
+        self.prompt = load_prompt(JUDGE_TRAJECTORY.prompt)
 
     async def judge(self, trajectory: Trajectory, task: Task | None, chain: ToolChain | None
                     ) -> tuple[dict[str, float], str]:
@@ -53,8 +65,7 @@ class TrajectoryJudge:
             convo = "\n".join(_render(m) for m in trajectory.messages[1:])
             return self.prompt.render(conversation=convo[:12000], chain=" -> ".join(chain.tools) if chain else "(none)")
 
-        out = await complete_json(self.model, "sft.judge_trajectory", text, JUDGE_SCHEMA,
-                                  inputs=JudgeInputs(trajectory, task, chain))
+        out = await complete_json(self.model, JUDGE_TRAJECTORY, text, inputs=JudgeInputs(trajectory, task, chain))
         return {d: round(float(out[d]), 4) for d in JudgeScore.DIMENSIONS}, str(out.get("rationale", ""))
 
 

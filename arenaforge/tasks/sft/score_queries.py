@@ -14,14 +14,22 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Task, Tool
-from arenaforge.tasks.models import ChatModel, complete_json
+from arenaforge.tasks.models import ChatModel, Step, complete_json
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.synthesize_queries import QueryDraft
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_scores  # its rules read this module's types: loaded after it
+
+    return sft_scores
+
 
 SCORES = ("clarity", "realism", "tool_necessity")
 
@@ -37,6 +45,10 @@ SCORE_SCHEMA = {
 }
 
 
+SCORE_QUERY = Step("sft.score_query", prompt="sft_score_query", schema=SCORE_SCHEMA, max_tokens=150,
+                   offline=lambda: _offline_rules().score_query)
+
+
 @dataclass(frozen=True)
 class ScoreInputs:
     draft: QueryDraft
@@ -48,13 +60,13 @@ class QueryScorer:
 
     def __init__(self, model: ChatModel) -> None:
         self.model = model
-        self.prompt = load_prompt("sft_score_query")
+        self.prompt = load_prompt(SCORE_QUERY.prompt)
 
     async def score(self, draft: QueryDraft, tools: Sequence[Tool]) -> tuple[dict[str, float], str]:
         from arenaforge.tasks.sft.tool_graph import tool_lines
 
-        out = await complete_json(self.model, "sft.score_query",
-                                  lambda: self.prompt.render(query=draft.query, tools=tool_lines(tools)), SCORE_SCHEMA,
+        out = await complete_json(self.model, SCORE_QUERY,
+                                  lambda: self.prompt.render(query=draft.query, tools=tool_lines(tools)),
                                   inputs=ScoreInputs(draft, tuple(tools)))
         return {k: _clip(float(out[k])) for k in SCORES}, str(out.get("rationale", ""))
 

@@ -19,15 +19,23 @@ import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolChain
-from arenaforge.tasks.models import ChatModel, complete_json
+from arenaforge.tasks.models import ChatModel, Step, complete_json
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.models.text_schemas import nameable, sentence_naming
 from arenaforge.tasks.sft.tool_graph import humanize, id_like, output_fields, param_fields
 from arenaforge.tasks.sft.tool_simulator import sample_value
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_queries  # its rules read this module's types: loaded after it
+
+    return sft_queries
+
 
 AUGMENTATIONS = ("diversity", "complexity", "persona")
 _CUT = re.compile(r"(,|;|\.|\(| and return| returning| which | that returns| - )", re.IGNORECASE)
@@ -101,12 +109,17 @@ QUERY_SCHEMA = {
                    "values": {"type": "object", "description": "Parameter -> value the request states (optional)."}},
     "required": ["query"],
 }
+# with program values (sft.query_values = program) the query prompt is sft_write_query_values
+WRITE_QUERY = Step("sft.write_query", prompt="sft_write_query", schema=QUERY_SCHEMA, max_tokens=250,
+                   offline=lambda: _offline_rules().write_query)
 AUGMENT_SCHEMA = {
     "type": "object",
     "properties": {"query": {"type": "string", "minLength": 1}, "persona": {"type": ["string", "null"]},
                    "values": {"type": "object"}},
     "required": ["query"],
 }
+AUGMENT_QUERY = Step("sft.augment_query", prompt="sft_augment_query", schema=AUGMENT_SCHEMA, max_tokens=250,
+                     offline=lambda: _offline_rules().augment_query)
 
 
 @dataclass(frozen=True)
@@ -149,8 +162,8 @@ class QueryWriter:
         # program values: the program draws what the user states from the parameter schemas and the schema makes
         # the model's query name each value (a 135M model otherwise writes "..." or the server's name)
         self.program_values = program_values
-        self.write_prompt = load_prompt("sft_write_query_values" if program_values else "sft_write_query")
-        self.augment_prompt = load_prompt("sft_augment_query")
+        self.write_prompt = load_prompt("sft_write_query_values" if program_values else WRITE_QUERY.prompt)
+        self.augment_prompt = load_prompt(AUGMENT_QUERY.prompt)
 
     async def write(self, server: Server, tools: Sequence[Tool], chain: ToolChain | None,
                     rng: random.Random) -> list[QueryDraft]:
@@ -163,18 +176,18 @@ class QueryWriter:
         mode = "chain" if chain else "server"
         instruction = (f"The request must need these tools in this order: {' -> '.join(chain.tools)}." if chain
                        else "Pick whichever of the tools a realistic request would need.")
-        schema, inputs = QUERY_SCHEMA, WriteInputs(server, tuple(tools), chain, rng)
+        inputs = WriteInputs(server, tuple(tools), chain, rng)
         render = functools.partial(self.write_prompt.render, server=server.title or server.name,
                                    description=server.description, tools=tool_lines(steps), instruction=instruction)
-        answer = await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs)
+        answer = await complete_json(self.model, WRITE_QUERY, render, inputs=inputs)
         names = tuple(chain.tools) if chain else tuple(n for n in answer.get("tools") or [] if n in by_name)
         values = dict(answer.get("values") or {})
         base = QueryDraft(server.name, mode, answer["query"], names, chain.id if chain else None, values=values)
         drafts = [base]
         for aug in self.augmentations:
-            out = await complete_json(self.model, "sft.augment_query", lambda aug=aug: self.augment_prompt.render(
+            out = await complete_json(self.model, AUGMENT_QUERY, lambda aug=aug: self.augment_prompt.render(
                 axis=aug, query=base.query, server=server.title or server.name),
-                AUGMENT_SCHEMA, inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
+                inputs=AugmentInputs(aug, base, server, tuple(tools), rng))
             drafts.append(QueryDraft(server.name, mode, out["query"], names, base.chain_id,
                                      out.get("persona") if aug == "persona" else None, aug,
                                      dict(out.get("values") or {}), base.query))
@@ -195,7 +208,7 @@ class QueryWriter:
                                        wants=clause(tool), gives=gives)
             schema = naming_schema(list(values.values()))
             inputs = WriteInputs(server, tuple(tools), chain, rng, (tool.function.name,), {tool.function.name: values})
-            sentences.append((await complete_json(self.model, "sft.write_query", render, schema, inputs=inputs))["query"])
+            sentences.append((await complete_json(self.model, WRITE_QUERY, render, schema, inputs=inputs))["query"])
         planned = {k: v for vs in per_tool.values() for k, v in vs.items()}  # two tools may share a parameter name
         return QueryDraft(server.name, "chain" if chain else "server", " ".join(sentences),
                           tuple(t.function.name for t in steps), chain.id if chain else None, values=planned)

@@ -23,6 +23,7 @@ import re
 import string
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol
 
 import jsonschema
@@ -31,9 +32,16 @@ from jsonschema import Draft202012Validator
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ParseError, ProviderError, SandboxError
 from arenaforge.schemas.models import Rejection, Server, Tool, ToolObservation
-from arenaforge.tasks.models import ChatModel, complete_json
+from arenaforge.tasks.models import ChatModel, Step, complete_json
 from arenaforge.tasks.prompts import load_prompt
 from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
+
+
+def _offline_rules() -> ModuleType:
+    from arenaforge.tasks.offline import sft_simulator  # its rules read this module's types: loaded after it
+
+    return sft_simulator
+
 
 # Value vocabularies for field-name hints (generation is programmatic; these only make values plausible).
 _CITIES = ["Oslo", "Lisbon", "Nairobi", "Osaka", "Denver", "Lima", "Hanoi", "Tallinn", "Perth", "Montreal"]
@@ -209,6 +217,11 @@ class SimulateInputs:
     rng: random.Random
 
 
+# the answer's schema is the simulated tool's output schema, given per call
+SIMULATE_TOOL = Step("sft.simulate_tool", prompt="sft_simulate_tool", schema=None, max_tokens=500,
+                     offline=lambda: _offline_rules().simulate_tool)
+
+
 class Simulator:
     """A state simulator for one episode: the run's model answers as the tool; faults are injected here."""
 
@@ -217,7 +230,7 @@ class Simulator:
     def __init__(self, tools: Sequence[Tool], fault_rate: float, rng: random.Random, subject: str,
                  model: ChatModel) -> None:
         self.model = model
-        self.prompt = load_prompt("sft_simulate_tool")
+        self.prompt = load_prompt(SIMULATE_TOOL.prompt)
         self.tools = {t.function.name: t for t in tools}
         self.fault_rate = fault_rate
         self.rng = rng
@@ -281,7 +294,7 @@ class Simulator:
                                       schema=json.dumps(schema), arguments=json.dumps(arguments), history=history)
 
         # A ParseError here (never a valid answer after the re-asks) becomes an error observation in `call`.
-        return await complete_json(self.model, "sft.simulate_tool", text, schema,
+        return await complete_json(self.model, SIMULATE_TOOL, text, schema,
                                    inputs=SimulateInputs(tool, arguments, schema, self.memory, self.rng))
 
 _PY_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "number": (int, float),

@@ -10,7 +10,7 @@ import pytest
 from arenaforge.environments.reward import answer_matches
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.build_tools import ToolBuilder
+from arenaforge.tasks.envs.build_tools import IMPLEMENT_TOOL, ToolBuilder
 from arenaforge.tasks.envs.check_env import self_test
 from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.knowledge import load_sample
@@ -111,7 +111,7 @@ def test_openai_tools_and_non_json_answers(sample, scripted_openai) -> None:
 
         async def go(pool):
             ok = await synthesize_environments(ToolBuilder(model, sample), pool, qas, max_attempts=0)
-            scripted_openai.responder = EnvsResponder(not_json_steps=("envs.implement_tool",))
+            scripted_openai.responder = EnvsResponder(not_json_steps=(IMPLEMENT_TOOL,))
             bad = await synthesize_environments(ToolBuilder(model, sample), pool, qas[:1], max_attempts=1)
             return ok, bad
 

@@ -8,7 +8,7 @@ import pytest
 
 from arenaforge.schemas.models import Evidence, QAInstance, SubQA
 from arenaforge.tasks.envs.decompose_qa import make_instance
-from arenaforge.tasks.envs.verify_qa import KeepRule, QAJudge, structural_checks, verify_batch
+from arenaforge.tasks.envs.verify_qa import VERIFY, KeepRule, QAJudge, structural_checks, verify_batch
 from arenaforge.tasks.offline.envs_verify import rule_checks
 from tests.support.envs_fakes import EnvsResponder, model_cfg
 from tests.support.models import http_model as chat_model
@@ -98,7 +98,7 @@ def test_model_judge_over_http(scripted_openai) -> None:
 
 
 def test_model_judge_non_json_is_a_rejection(scripted_openai) -> None:
-    scripted_openai.responder = EnvsResponder(not_json_steps=("envs.verify_qa",))
+    scripted_openai.responder = EnvsResponder(not_json_steps=(VERIFY,))
     with chat_model(model_cfg(scripted_openai.url)) as model:
         out = asyncio.run(verify_batch(QAJudge(model), [_chain()], KeepRule(), 1, 3))
     assert not out.kept and out.rejections[0].reason == "invalid_model_output"

@@ -13,7 +13,11 @@ import pytest
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, Trajectory
 from arenaforge.tasks.sft import stages as sft_stages
+from arenaforge.tasks.sft.agent import AGENT
 from arenaforge.tasks.sft.ingest_tools import ingest_paths
+from arenaforge.tasks.sft.judge_trajectories import JUDGE_TRAJECTORY
+from arenaforge.tasks.sft.score_queries import SCORE_QUERY
+from arenaforge.tasks.sft.synthesize_queries import WRITE_QUERY
 from arenaforge.tasks.sft.tool_simulator import Simulator, output_problem, sample_value
 from tests.support.models import offline_model, run_stage
 
@@ -308,7 +312,7 @@ def test_rules_judge_scores_an_openai_runs_tasks_and_trajectories(scripted_opena
     assert {s.judge for s in scores} == {"rules"} and {s.provenance.backend for s in scores} == {"offline"}
     _, steps = wh.query("SELECT DISTINCT step FROM llm_calls WHERE model = 'scripted'")
     asked = {s for (s,) in steps}
-    assert {"sft.write_query", "sft.agent"} <= asked and not asked & {"sft.judge_trajectory", "sft.score_query"}
+    assert {WRITE_QUERY.name, AGENT.name} <= asked and not asked & {JUDGE_TRAJECTORY.name, SCORE_QUERY.name}
     assert {t.provenance.model for t in wh.load(Trajectory)} == {"scripted"}
     # sft.agent_first_turn = required: an episode's first turn must call a tool, the turns after it may answer
     turns = [r for r in scripted_openai.chat_requests() if r.get("tools")]

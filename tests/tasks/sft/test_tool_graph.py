@@ -185,5 +185,6 @@ def test_rules_verify_a_chain_with_one_ballot_and_no_rendered_prompt(corpus):
     ok, reasons = asyncio.run(verifier.verify(servers["shop"], [by["get_product"], by["checkout"]], g, tools["shop"]))
     assert not ok and any("checkout.cart_id" in r for r in reasons)
     # every judge applies the same rules: one ballot stands for the three; rules read inputs, never prompt text
-    assert Counter(model.steps) == {"sft.verify_chain": 2, "sft.chain_to_query": 1, "sft.query_to_chain": 1}
+    assert Counter(model.steps) == {chains.VERIFY_CHAIN.name: 2, chains.CHAIN_TO_QUERY.name: 1,
+                                   chains.QUERY_TO_CHAIN.name: 1}
     assert model.prompts == [[]] * 4

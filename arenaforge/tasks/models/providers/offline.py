@@ -1,9 +1,9 @@
 """The `offline` provider: deterministic generators answer each step's request from its typed inputs.
 
-No endpoint, no weights. For every model-driven step there is a generator in `arenaforge/tasks/offline/`,
-registered under the step's name with `@generator("<step>")`; it reads the request's typed `inputs`
-(the values the prompt was rendered from) and returns what a model would: the JSON answer of a
-structured step, or the assistant message of an agent turn. Generators build real artifacts from the
+No endpoint, no weights. Every model-driven step (`tasks.models.steps.Step`, declared beside its stage) names
+its generator, a rule in `arenaforge/tasks/offline/`, and the provider finds it through the step; it reads the
+request's typed `inputs` (the values the prompt was rendered from) and returns what a model would: the JSON
+answer of a structured step, or the assistant message of an agent turn. Generators build real artifacts from the
 tool schemas and the knowledge source, never canned text, and their answers pass through the same
 parsing, schema validation and grounding as any model's.
 
@@ -16,10 +16,7 @@ one run (its random streams, an agent's place in its plan).
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
-import pkgutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -29,36 +26,14 @@ from arenaforge.schemas.contracts import validate_against
 from arenaforge.schemas.errors import ParseError, ProviderError
 from arenaforge.schemas.models import ChatMessage
 from arenaforge.tasks.models.base import ChatRequest, ChatResponse
+from arenaforge.tasks.models.steps import declared, import_offline_rules, offline_rule
 from arenaforge.warehouse.db import Warehouse
 
 NAME = "offline"
 
-Generator = Callable[[ChatRequest, "OfflineModel"], Any]
-_GENERATORS: dict[str, Generator] = {}
-
-
-def generator(step: str) -> Callable[[Generator], Generator]:
-    """Register the offline answer of one step (a decorator)."""
-
-    def register(fn: Generator) -> Generator:
-        if step in _GENERATORS and _GENERATORS[step] is not fn:
-            raise ValueError(f"two offline generators for step {step!r}")
-        _GENERATORS[step] = fn
-        return fn
-
-    return register
-
-
-@functools.cache
-def _load_generators() -> None:
-    from arenaforge.tasks import offline
-
-    for info in pkgutil.iter_modules(offline.__path__):
-        importlib.import_module(f"{offline.__name__}.{info.name}")
-
 
 class OfflineModel:
-    """ChatModel whose answers come from the registered deterministic generators."""
+    """ChatModel whose answers come from the steps' deterministic generators."""
 
     kind = NAME
     decides_by = "rules"
@@ -66,13 +41,13 @@ class OfflineModel:
     def __init__(self, name: str = "offline") -> None:
         self.name = name
         self.state: dict[Any, Any] = {}
-        _load_generators()  # when the run opens its model, not inside the first step that asks
+        import_offline_rules()  # when the run opens its model, not inside the first step that asks
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        answer_of = _GENERATORS.get(request.step)
-        if answer_of is None:
-            raise ProviderError(f"the offline provider has no generator for step {request.step!r}")
-        answer = answer_of(request, self)
+        step = declared(request.step)
+        if step is None:
+            raise ProviderError(f"the offline provider knows no step {request.step!r}")
+        answer = offline_rule(step)(request, self)
         if isinstance(answer, ChatMessage):
             return ChatResponse(message=answer)
         if request.response_schema is not None:
