@@ -28,30 +28,36 @@ class ImportParams(BaseModel):
 
 
 class PythonImportParams(ImportParams):
-    sources: list[str] = Field(description="PATH or PATH:Class of the tool code (several: each its own namespace).")
-    tools: str | None = Field(description="OpenAI tool documents (JSON file); none: derived from the code.")
-    initial_state: dict[str, Any] | None = Field(description="Initial state (keyed by Class/stem when several).")
-    calls: str | None = Field(description="Gold calls (JSON file), replayed; the final state's hash is the check.")
-    init_args: Any = Field(description="Constructor keyword arguments (a JSON object).")
-    load_args: Any = Field(description="Extra loader keyword arguments (a JSON object).")
-    name: str | None = Field(description="Environment name (none: python-<names>).")
-    suite: str = Field(description="Suite name, for `arenaforge eval --suite`.")
-    question: str | None = Field(description="The task prompt the agent is given.")
-    requirements: list[str] = Field(description="Packages the code imports, pinned (installed from local wheels).")
-    backend: str | None = Field(description="auto, docker or process (none: sandbox.backend).")
+    sources: list[str] = Field(default_factory=list, description="PATH or PATH:Class of the tool code (several: each "
+                               "its own namespace).")
+    tools: str | None = Field(default=None, description="OpenAI tool documents (JSON file); none: derived from the "
+                              "code.")
+    initial_state: dict[str, Any] | None = Field(default=None, description="Initial state (keyed by Class/stem when "
+                                                 "several).")
+    calls: str | None = Field(default=None, description="Gold calls (JSON file), replayed; the final state's hash is "
+                              "the check.")
+    init_args: Any = Field(default=None, description="Constructor keyword arguments (a JSON object).")
+    load_args: Any = Field(default=None, description="Extra loader keyword arguments (a JSON object).")
+    name: str | None = Field(default=None, description="Environment name (none: python-<names>).")
+    suite: str = Field(default="python", description="Suite name, for `arenaforge eval --suite`.")
+    question: str | None = Field(default=None, description="The task prompt the agent is given.")
+    requirements: list[str] = Field(default_factory=list, description="Packages the code imports, pinned (installed "
+                                    "from local wheels).")
+    backend: str | None = Field(default=None, description="auto, docker or process (none: sandbox.backend).")
 
 
 class BfclImportParams(ImportParams):
-    categories: list[str] = Field(description="BFCL multi-turn categories.")
-    data: str | None = Field(description="An unpacked bfcl_eval package (none: the installed bfcl-eval).")
-    limit: int | None = Field(description="At most this many tasks per category.")
-    backend: str | None = Field(description="auto, docker or process (none: sandbox.backend).")
+    categories: list[str] = Field(default_factory=lambda: ["base", "miss_param", "miss_func", "long_context"],
+                                  description="BFCL multi-turn categories.")
+    data: str | None = Field(default=None, description="An unpacked bfcl_eval package (none: the installed bfcl-eval).")
+    limit: int | None = Field(default=None, description="At most this many tasks per category.")
+    backend: str | None = Field(default=None, description="auto, docker or process (none: sandbox.backend).")
 
 
 class HarborImportParams(ImportParams):
-    root: str = Field(description="A Harbor task directory, or a folder of them.")
-    suite: str = Field(description="Suite name of others' tasks, for `arenaforge eval --suite`.")
-    build_args: dict[str, str] = Field(description="KEY=VALUE for the tasks' docker builds.")
+    root: str = Field(default=".", description="A Harbor task directory, or a folder of them.")
+    suite: str = Field(default="harbor", description="Suite name of others' tasks, for `arenaforge eval --suite`.")
+    build_args: dict[str, str] = Field(default_factory=dict, description="KEY=VALUE for the tasks' docker builds.")
 
 
 @contextmanager
@@ -68,12 +74,14 @@ def _of_run(records: list[Any], run_id: str) -> list[Any]:
 
 
 @flow(name="envs-import-python")
-async def import_python(params: PythonImportParams) -> dict[str, Any]:
+async def import_python(params: PythonImportParams = PythonImportParams()) -> dict[str, Any]:
     """Your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
     from arenaforge.environments.runtime import create_pool
     from arenaforge.tasks.envs.import_python import (import_environment, python_environment, read_calls, read_source,
                                                      read_tool_docs)
 
+    if not params.sources:
+        raise InputError("envs-import-python: sources: give the tool code (PATH or PATH:Class)")
     read = [read_source(s) for s in params.sources]
     env = python_environment(read, name=params.name, tool_docs=read_tool_docs(params.tools) if params.tools else None,
                              initial_state=params.initial_state, calls=read_calls(params.calls) if params.calls else [],
@@ -94,7 +102,7 @@ async def import_python(params: PythonImportParams) -> dict[str, Any]:
 
 
 @flow(name="envs-import-bfcl")
-async def import_bfcl(params: BfclImportParams) -> dict[str, Any]:
+async def import_bfcl(params: BfclImportParams = BfclImportParams()) -> dict[str, Any]:
     """BFCL multi-turn tasks as environments, each replayed in the sandbox to keep BFCL's own checks."""
     from collections import Counter
 
@@ -117,7 +125,7 @@ async def import_bfcl(params: BfclImportParams) -> dict[str, Any]:
 
 
 @flow(name="envs-import-harbor")
-async def import_harbor(params: HarborImportParams) -> dict[str, Any]:
+async def import_harbor(params: HarborImportParams = HarborImportParams()) -> dict[str, Any]:
     """Harbor tasks: ours come back as the same environment; others' become container tasks scored by their tests."""
     from collections import Counter
     from pathlib import Path
