@@ -31,8 +31,7 @@ class CliState:
         return self._config
 
     def warehouse(self) -> Warehouse:
-        cfg = self.config.warehouse
-        return Warehouse(cfg.path, lock_timeout_s=cfg.lock_timeout_s, data_path=cfg.data_path)
+        return Warehouse.from_config(self.config.warehouse)
 
 
 def state(ctx: typer.Context) -> CliState:

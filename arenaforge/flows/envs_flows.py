@@ -22,14 +22,14 @@ from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.flows.ray_runner import on_ray, warehouse, worker_config, worker_scope
+from arenaforge.flows.ray_runner import on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
                                             synthesize_qas)
 from arenaforge.tasks.envs.stream import stream_envs
 from arenaforge.tasks.envs.synthesize_env import SynthResult
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
-from arenaforge.warehouse.runs import recorded_run
+from arenaforge.warehouse import Warehouse, recorded_run
 
 
 class EnvsParams(EnvsSpec):
@@ -50,7 +50,7 @@ stream_envs_task = task(stream_envs, name="stream-envs", retries=0, tags=[MODEL_
 async def envs(params: EnvsParams = EnvsParams()) -> dict[str, int]:
     """Synthesize verified, executable RL environments (ASTRA §1b) into the warehouse."""
     cfg = load_config(params.config_path, overrides=params.overrides)
-    wh = warehouse(cfg)
+    wh = Warehouse.from_config(cfg.warehouse)
     with recorded_run(wh, "envs", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
             await _stages(scope, params, counts)

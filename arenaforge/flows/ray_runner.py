@@ -20,11 +20,6 @@ from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 
 
-def warehouse(cfg: Config) -> Warehouse:
-    return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
-                     data_path=cfg.warehouse.data_path)
-
-
 def worker_config(cfg: Config) -> dict[str, Any]:
     """The run's config as the workers get it: plain JSON, the warehouse path absolute (workers start elsewhere)."""
     cfg_json = cfg.model_dump(mode="json")
@@ -36,7 +31,7 @@ def worker_config(cfg: Config) -> dict[str, Any]:
 async def worker_scope(cfg_json: dict[str, Any], run_id: str | None) -> AsyncIterator[RunScope]:
     """The run scope a Ray worker runs a batch in: its own model client and sandbox pool, the flow's warehouse and run."""
     cfg = Config.model_validate(cfg_json)
-    async with open_run_scope(cfg, warehouse(cfg), run_id) as scope:
+    async with open_run_scope(cfg, Warehouse.from_config(cfg.warehouse), run_id) as scope:
         yield scope
 
 

@@ -26,11 +26,11 @@ from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.flows.ray_runner import on_ray, warehouse, worker_config, worker_scope
+from arenaforge.flows.ray_runner import on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.warehouse.runs import recorded_run
+from arenaforge.warehouse import Warehouse, recorded_run
 
 
 class _ConfigRef(BaseModel):
@@ -113,7 +113,7 @@ async def _episodes_on_ray(scope: RunScope, task_ids: list[str], seed: int, batc
 async def ingest(params: IngestParams = IngestParams()) -> dict[str, int]:
     """Ingest tool documents and live MCP servers into normalised tools grouped by server."""
     cfg = params.config()
-    wh = warehouse(cfg)
+    wh = Warehouse.from_config(cfg.warehouse)
     params = params.model_copy(update={"paths": [_absolute(p) for p in params.paths]})
     with recorded_run(wh, "ingest", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
@@ -127,7 +127,7 @@ async def ingest(params: IngestParams = IngestParams()) -> dict[str, int]:
 async def graph(params: GraphParams = GraphParams()) -> dict[str, int]:
     """Build each server's tool-call graph (data flow, plus the chains the run's model proposes)."""
     cfg = params.config()
-    wh = warehouse(cfg)
+    wh = Warehouse.from_config(cfg.warehouse)
     with recorded_run(wh, "graph", params.model_dump(mode="json")) as (run, counts):
         async with open_run_scope(cfg, wh, run.id) as scope:
             counts.update(await build_graphs_task(scope, params.servers))
@@ -140,7 +140,7 @@ async def graph(params: GraphParams = GraphParams()) -> dict[str, int]:
 async def sft(params: SftParams = SftParams()) -> dict[str, Any]:
     """Chains -> tasks -> trajectories -> seven-dimension scores (ASTRA §1a), optionally exported."""
     cfg = params.config()
-    wh = warehouse(cfg)
+    wh = Warehouse.from_config(cfg.warehouse)
     seed = cfg.seed if params.seed is None else params.seed
     if params.export_dir:
         params = params.model_copy(update={"export_dir": _absolute(params.export_dir)})

@@ -1,7 +1,7 @@
 """Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `warmstart`, `eval`.
 
 Composition only: each flow takes one params model (typed forms in the UI), runs the matching
-job from `arenaforge.tasks.train.jobs` as one task, and leaves artifacts under stable keys:
+job from `arenaforge.tasks.train` (`<name>_job.py`) as one task, and leaves artifacts under stable keys:
 `<flow>-summary` (the run's numbers; for train-grpo the test-split table untrained / warm start /
 warm start + GRPO) and `<flow>-curves` (warm-start loss and GRPO curves, skipped steps marked).
 The jobs log one line per step on the `arenaforge` logger; the flows forward it to the run's log,
@@ -16,22 +16,26 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
-from arenaforge.schemas.kinds_training import TrainStep
-from arenaforge.tasks.train import jobs
+from arenaforge.tasks.train.evaluation import eval_job
+from arenaforge.tasks.train.grpo_job import grpo_job
 from arenaforge.tasks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
+from arenaforge.tasks.train.rollout_job import rollout_job
+from arenaforge.tasks.train.sft_job import sft_job
+from arenaforge.tasks.train.warmstart_jobs import warmstart_job
 
-rollout_task = task(jobs.rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
-grpo_task = task(jobs.grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])
-sft_task = task(jobs.sft_job, name="sft-steps", cache_policy=NO_CACHE)
-warmstart_task = task(jobs.warmstart_job, name="warmstart-data", cache_policy=NO_CACHE, tags=[SANDBOX])
-eval_task = task(jobs.eval_job, name="evaluate", cache_policy=NO_CACHE, tags=[SANDBOX])
+rollout_task = task(rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
+grpo_task = task(grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])
+sft_task = task(sft_job, name="sft-steps", cache_policy=NO_CACHE)
+warmstart_task = task(warmstart_job, name="warmstart-data", cache_policy=NO_CACHE, tags=[SANDBOX])
+eval_task = task(eval_job, name="evaluate", cache_policy=NO_CACHE, tags=[SANDBOX])
 
 EVAL_HEADERS = {"label": "policy", "f1": "F1", "recall": "recall", "precision": "precision",
                 "calls_per_task": "calls", "format_errors_per_task": "format errors", "episodes": "episodes"}
@@ -76,32 +80,19 @@ def _summarise(flow_name: str, result: dict[str, Any], note: str | None = None) 
     return result
 
 
-def _curves(flow_name: str, result: dict[str, Any], params: Any) -> None:
-    """Warm-start and training curves of this run as `<flow>-curves` (PNG named by run id, never overwritten)."""
-    from arenaforge.tasks.train.curves import curves_figure, save_curves
+def _curves_artifact(flow_name: str, result: dict[str, Any]) -> None:
+    """The curves PNG the job drew (named by run id, never overwritten) as the `<flow>-curves` artifact."""
+    png = result.get("curves_png")
+    if not png or not in_prefect_run():
+        return
+    from prefect.artifacts import create_markdown_artifact
 
-    run_id = result.get("run_id")
-    if not run_id:
-        return
-    cfg = jobs.config_for(params)
-    wh = jobs.warehouse_for(cfg)
-    steps: Sequence[TrainStep] = wh.load(TrainStep, where="run_id = ?", params=[run_id])
-    warm_run = (result.get("warmstart") or {}).get("run_id")
-    warm = wh.load(TrainStep, where="run_id = ?", params=[warm_run]) if warm_run else []
-    if not steps and not warm:
-        return
+    path = Path(png)
     experiment = result.get("experiment", flow_name)
-    fig = curves_figure([*warm, *(s for s in steps if s.algorithm == "sft")], [s for s in steps if s.algorithm == "grpo"],
-                        title=f"{flow_name} {experiment}")
-    path = save_curves(fig, cfg.out_dir, f"{flow_name}-{experiment}", run_id)
-    result["curves_png"] = str(path)
-    if in_prefect_run():
-        from prefect.artifacts import create_markdown_artifact
-
-        data = base64.b64encode(path.read_bytes()).decode()
-        create_markdown_artifact(key=f"{flow_name}-curves", description=f"{flow_name} {experiment} curves",
-                                 markdown=f"## {flow_name} {experiment}\n\n![curves](data:image/png;base64,{data})\n\n"
-                                 f"Saved to `{path.resolve()}`\n", _sync=True)
+    data = base64.b64encode(path.read_bytes()).decode()
+    create_markdown_artifact(key=f"{flow_name}-curves", description=f"{flow_name} {experiment} curves",
+                             markdown=f"## {flow_name} {experiment}\n\n![curves](data:image/png;base64,{data})\n\n"
+                             f"Saved to `{path.resolve()}`\n", _sync=True)
 
 
 @flow(name="rollout")
@@ -115,7 +106,7 @@ async def train_grpo(params: GrpoParams = GrpoParams()) -> dict[str, Any]:
     """Warm start (optional), GRPO and evaluation on the test split; or the verl job (verl.ray_address)."""
     with run_log():
         result = await grpo_task(params)
-    _curves("train-grpo", result, params)
+    _curves_artifact("train-grpo", result)
     note = None
     if result.get("eval"):
         note = "### Test split\n\n" + markdown_table(eval_rows(result["eval"]))
@@ -127,7 +118,7 @@ def train_sft(params: SftParams = SftParams()) -> dict[str, Any]:
     """Supervised fine-tuning on an SFT export (loss on assistant tokens only)."""
     with run_log():
         result = sft_task(params)
-    _curves("train-sft", result, params)
+    _curves_artifact("train-sft", result)
     return _summarise("train-sft", result)
 
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from arenaforge.schemas.base import Record
+from arenaforge.schemas.config import WarehouseConfig
 from arenaforge.schemas.contracts import validate
 from arenaforge.schemas.errors import WarehouseError
 from arenaforge.warehouse.lake import LakeLocation, LakeStore, is_postgres
@@ -86,6 +87,11 @@ class Warehouse:
         self.store = open_store(path, lock_timeout_s, data_path)
         self.path: Path | str = self.store.path  # a directory or file; a PostgreSQL catalog's conninfo
         self.lock_timeout_s = lock_timeout_s
+
+    @classmethod
+    def from_config(cls, settings: WarehouseConfig) -> Warehouse:
+        """The warehouse a config's `[warehouse]` section names (every flow, job and Ray worker opens it so)."""
+        return cls(settings.path, lock_timeout_s=settings.lock_timeout_s, data_path=settings.data_path)
 
     @property
     def layout(self) -> str:

@@ -117,7 +117,8 @@ def test_warmstart_and_train_sft_run_on_their_defaults(wh, tmp_path, monkeypatch
 
     from arenaforge.schemas.errors import InputError
     from arenaforge.tasks.train.params import SftParams, WarmstartParams
-    from arenaforge.tasks.train.jobs import sft_job, warmstart_job
+    from arenaforge.tasks.train.sft_job import sft_job
+    from arenaforge.tasks.train.warmstart_jobs import warmstart_job
 
     monkeypatch.chdir(tmp_path)
     out = asyncio.run(warmstart_job(WarmstartParams(db=str(wh.path))))

@@ -58,7 +58,7 @@ def _client_when_up(address: str, head: subprocess.Popen) -> object:
 
 def main(work: Path) -> dict:
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams
-    from arenaforge.tasks.train.jobs import grpo_job
+    from arenaforge.tasks.train.grpo_job import grpo_job
     from arenaforge.warehouse import Warehouse
     from tests.support.rl import tiny_env
 

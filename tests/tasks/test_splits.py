@@ -86,7 +86,7 @@ def test_assignments_are_append_only(tmp_warehouse):
 def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, monkeypatch):
     """Warm start (gold replays + kept trajectories) and GRPO read train only; eval reads test only."""
     from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, GrpoParams
-    from arenaforge.tasks.train.jobs import grpo_job
+    from arenaforge.tasks.train.grpo_job import grpo_job
     from arenaforge.warehouse import Warehouse
 
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")

@@ -333,7 +333,7 @@ def test_every_training_flow_parameter_is_described():
     """The Prefect forms show these descriptions; placeholders that markdown eats (`<out_dir>`) are not used."""
     from pydantic import BaseModel
 
-    from arenaforge.tasks.train import jobs
+    from arenaforge.tasks.train import params
 
     seen: set[type] = set()
 
@@ -348,7 +348,7 @@ def test_every_training_flow_parameter_is_described():
                 missing += walk(kind)
         return missing
 
-    models = (jobs.GrpoParams, jobs.EvalParams, jobs.RolloutParams, jobs.SftParams, jobs.WarmstartParams)
+    models = (params.GrpoParams, params.EvalParams, params.RolloutParams, params.SftParams, params.WarmstartParams)
     assert [m for model in models for m in walk(model)] == []
 
 
@@ -372,7 +372,7 @@ def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
 def test_lora_and_bf16_are_refused_for_verl_in_one_line():
     """verl trains with its own actor config: a LoRA rank or precision set here would be silently ignored there."""
     from arenaforge.tasks.train.params import GrpoParams, VerlParams
-    from arenaforge.tasks.train.jobs import verl_job
+    from arenaforge.tasks.train.verl_handoff import verl_job
 
     for extra in ({"lora_rank": 8}, {"precision": "bf16"}):
         with pytest.raises(InputError, match="--lora-rank and --precision are for training here"):

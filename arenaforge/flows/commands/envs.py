@@ -175,6 +175,8 @@ def _env_from_jsonl(path: str, env_id: str) -> Any:
 
 import_app = typer.Typer(help="Import others' environments into the warehouse, each with its own native check.",
                          no_args_is_help=True)
+# The import commands run their flow's body (`.fn`: the same run record and rows) without a Prefect server: an import
+# takes seconds, and a bad input stays one line on stderr. `arenaforge serve` deploys the flows themselves.
 app.add_typer(import_app, name="import")
 
 
@@ -206,35 +208,18 @@ def import_python_cmd(
     backend: str = typer.Option(None, "--backend", help="auto, docker or process (overrides sandbox.backend)."),
 ) -> None:
     """Import your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
-    import asyncio
-
-    from arenaforge.environments.runtime import create_pool
-    from arenaforge.tasks.envs.import_python import (
-        import_environment, python_environment, read_calls, read_source, read_tool_docs)
-    from arenaforge.schemas.models import Rejection
+    from arenaforge.flows.envs_import_flows import PythonImportParams, import_python
 
     st = state(ctx)
-    read = [read_source(s) for s in sources]
     state_value = _json_option(Path(initial_state).read_text(encoding="utf-8"), "--state") if initial_state else None
     if initial_state and not isinstance(state_value, dict):
         raise InputError(f"{initial_state}: the initial state must be a JSON object")
-    env = python_environment(read, name=name, tool_docs=read_tool_docs(tools) if tools else None,
-                             initial_state=state_value, calls=read_calls(calls) if calls else [],
-                             init_args=_json_option(init_args, "--init-args"), load_args=_json_option(load_args, "--load-args"),
-                             question=question, requirements=requirement)
-    cfg = st.config.sandbox.model_copy(update={"pool_size": 1, **({"backend": backend} if backend else {})})
-
-    async def go() -> Any:
-        async with await create_pool(cfg) as pool:
-            return await import_environment(pool, env, suite, read)
-
-    imported = asyncio.run(go())
-    st.warehouse().upsert([imported])
-    if isinstance(imported, Rejection):
-        raise InputError(f"{imported.subject}: {imported.detail} (rejection {imported.id})")
-    typer.echo(json.dumps({"id": imported.id, "name": imported.name, "suite": suite, "tools": [t.name for t in imported.tools],
-                           "gold_calls": len(imported.calls), "gold_state_sha256": imported.native.gold_state_sha256,
-                           "source": imported.native.source}, indent=2))
+    params = PythonImportParams(
+        sources=sources, tools=tools, initial_state=state_value, calls=calls,
+        init_args=_json_option(init_args, "--init-args"), load_args=_json_option(load_args, "--load-args"), name=name,
+        suite=suite, question=question, requirements=requirement, backend=backend, config_path=st.config_path,
+        overrides=st.overrides)
+    typer.echo(json.dumps(run_flow(import_python.fn(params)), indent=2))
 
 
 @import_app.command("bfcl")
@@ -248,30 +233,13 @@ def import_bfcl_cmd(
 ) -> None:
     """Import BFCL multi-turn tasks as environments (suite bfcl_multi_turn_<category>), each replayed in the sandbox
     to keep BFCL's own checks (per-turn state and responses) beside our F1; tasks that cannot run are rejection rows."""
-    import asyncio
-    from collections import Counter
-
-    from arenaforge.environments.runtime import create_pool
-    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+    from arenaforge.flows.envs_import_flows import BfclImportParams, import_bfcl
 
     st = state(ctx)
-    source = locate(data)
-    # BFCL returns whole files and long_context states are megabytes: neither may be cut
-    cfg = st.config.sandbox.model_copy(update={"output_limit_bytes": max(st.config.sandbox.output_limit_bytes, 8 << 20),
-                                               **({"backend": backend} if backend else {})})
-
-    async def go() -> Any:
-        async with await create_pool(cfg) as pool:
-            return await import_suite(pool, source, list(category), limit)
-
-    envs, rejections = asyncio.run(go())
-    wh = st.warehouse()
-    wh.upsert([*envs, *rejections])
-    by_suite = Counter(e.native.suite for e in envs)
-    typer.echo(json.dumps({"bfcl_eval": source.version, "imported": dict(by_suite),
-                           "rejected": dict(Counter(f"{r.reason}" for r in rejections)),
-                           "rejected_examples": [f"{r.subject}: {r.detail[:160]}" for r in rejections[:3]]}, indent=2))
-    if not envs:
+    result = run_flow(import_bfcl.fn(BfclImportParams(categories=category, data=data, limit=limit, backend=backend,
+                                                   config_path=st.config_path, overrides=st.overrides)))
+    typer.echo(json.dumps({k: v for k, v in result.items() if k != "run_id"}, indent=2))
+    if not result["imported"]:
         raise typer.Exit(2)
 
 
@@ -286,40 +254,16 @@ def import_harbor_cmd(
     """Import Harbor tasks: ours (from `envs export`) come back as the same environment; others' become container
     tasks scored by their own tests/test.sh beside our F1, with solution/solve.sh as gold. Tasks that cannot be
     built or solved offline are rejection rows (one line each on stderr)."""
-    import asyncio
-    from collections import Counter
-
-    from arenaforge.environments.containers import TaskContainers
-    from arenaforge.tasks.envs.import_harbor import import_tasks
-    from arenaforge.warehouse import recorded_run
+    from arenaforge.flows.envs_import_flows import HarborImportParams, import_harbor
 
     st = state(ctx)
     args = dict(item.partition("=")[::2] for item in build_arg or [])
     if any(not key for key in args) or any("=" not in item for item in build_arg or []):
         raise InputError(f"--build-arg takes KEY=VALUE, not {build_arg}")
-    wh = st.warehouse()
-
-    async def go() -> Any:
-        containers = TaskContainers()
-        try:
-            return await import_tasks(containers, root, suite, args)
-        finally:
-            await containers.shutdown()
-
-    with recorded_run(wh, "envs-import-harbor", {"root": str(Path(root).resolve()), "suite": suite,
-                                                 "build_args": args}) as (run, counts):
-        envs, rejections = asyncio.run(go())
-        # run ids stay out of record ids: an environment already stored (ours, or a re-import) keeps its row
-        envs = [e.model_copy(update={"run_id": run.id}) for e in envs]
-        rejections = [r.model_copy(update={"run_id": run.id}) for r in rejections]
-        counts["new"] = wh.upsert(envs) if envs else 0
-        counts["rejected"] = len(rejections)
-        if rejections:
-            wh.upsert(rejections)
-    for r in rejections:
-        typer.echo(f"rejected {r.subject}: {r.reason}: {r.detail.splitlines()[0] if r.detail else ''}", err=True)
-    typer.echo(json.dumps({"run_id": run.id, "suite": suite, "imported": len(envs), "new": counts["new"],
-                           "ours": sum(e.container is None for e in envs), "ids": [e.id for e in envs],
-                           "rejected": dict(Counter(str(r.reason) for r in rejections))}, indent=2))
-    if not envs:
+    result = run_flow(import_harbor.fn(HarborImportParams(root=root, suite=suite, build_args=args,
+                                                       config_path=st.config_path, overrides=st.overrides)))
+    for line in result.pop("rejections"):
+        typer.echo(f"rejected {line}", err=True)
+    typer.echo(json.dumps(result, indent=2))
+    if not result["imported"]:
         raise typer.Exit(2)

@@ -41,7 +41,7 @@ def _call_diagnostics(rollouts: Sequence[Rollout], envs: dict[str, Environment])
 
 async def _arm(cfg: Any, wh: Warehouse, model_path: str, envs: list[Environment], ground: bool) -> dict[str, Any]:
     from arenaforge.tasks.train.params import PolicyParams, TRAIN_EPISODE
-    from arenaforge.tasks.train.jobs import evaluate_policy
+    from arenaforge.tasks.train.evaluation import evaluate_policy
 
     episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0, "ground_arguments": ground})
     started = time.perf_counter()
@@ -97,7 +97,8 @@ async def main(db: str = "", model_path: str = "", env_limit: int = 60, split: s
     from arenaforge.schemas.errors import InputError
     from arenaforge.tasks.benchmarks.learning import bootstrap_ci
     from arenaforge.tasks.train.params import EnvSelection
-    from arenaforge.tasks.train.jobs import model_path_for, select_envs
+    from arenaforge.tasks.train.env_selection import select_envs
+    from arenaforge.tasks.train.model_paths import model_path_for
 
     if not db:
         raise InputError("--db: the warehouse holding the environments (e.g. a `bench learning` run's learning.duckdb)")

@@ -106,7 +106,8 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     training episode limits (or `episode`): our F1 and the suite's own metric (`native`), beside the test split's
     numbers."""
     from arenaforge.tasks.train.params import EnvSelection, PolicyParams, TRAIN_EPISODE
-    from arenaforge.tasks.train.jobs import evaluate_policy, matching_envs
+    from arenaforge.tasks.train.env_selection import matching_envs
+    from arenaforge.tasks.train.evaluation import evaluate_policy
 
     envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
     if not envs:
@@ -161,7 +162,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
         skip_forced_tokens: Tokens constrained decoding forced stay out of the GRPO loss (--no-skip-forced-tokens: in).
     """
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams
-    from arenaforge.tasks.train.jobs import grpo_job
+    from arenaforge.tasks.train.grpo_job import grpo_job
 
     if suite and not (suite_db and Path(suite_db).exists()):  # checked before an hour of training, not after
         raise InputError(f"--suite needs --suite-db: the warehouse the suite was imported into ({suite_db!r} is not one)")

@@ -112,7 +112,10 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     checkpoint. The replays are `train warmstart`'s: the rollout's own prompt, the gold calls run in the sandbox."""
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.params import EnvSelection, SftParams
-    from arenaforge.tasks.train.jobs import _warmstart_examples, config_for, select_envs, sft_job
+    from arenaforge.tasks.train.env_selection import select_envs
+    from arenaforge.tasks.train.job_config import config_for
+    from arenaforge.tasks.train.sft_job import sft_job
+    from arenaforge.tasks.train.warmstart_jobs import replay_examples
     from arenaforge.tasks.train.warmstart import write_jsonl
 
     params = SftParams(db=str(db), model_path=start, out_dir=str(root / "train"), experiment="sft-replays", epochs=1,
@@ -121,7 +124,7 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     cfg = config_for(params)
     envs = select_envs(wh, EnvSelection(split="train", test_share=test_share, split_seed=seed))
     envs = random.Random(seed).sample(envs, min(limit, len(envs)))
-    examples, rejections = await _warmstart_examples(cfg, envs)
+    examples, rejections = await replay_examples(cfg, envs)
     if not examples:
         raise InputError(f"environment replays: no train environment's gold calls replay cleanly ({len(rejections)} "
                          "rejected)")
@@ -188,7 +191,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
     from arenaforge.tasks.train.base_models import policy_path
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams, SftParams
-    from arenaforge.tasks.train.jobs import grpo_job, sft_job
+    from arenaforge.tasks.train.grpo_job import grpo_job
+    from arenaforge.tasks.train.sft_job import sft_job
     from arenaforge.tasks.train.sft import validation_loss
 
     base = policy_path(policy)

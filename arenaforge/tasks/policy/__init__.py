@@ -1,7 +1,7 @@
 """Policy engines: token ids in, token ids + log-probs out.
 
 One small protocol (`PolicyEngine.generate`) with interchangeable implementations, picked
-once by `ENGINES[name]`:
+once by `ENGINES[name]` (`registry.py`); each declares its traits (`EngineKind`) in its own file:
 
     vllm        HTTP to a `vllm serve` server (`/v1/completions`, token-id prompts)   vllm_http.py
     vllm-local  in-process `vllm.LLM`, when vllm imports                             vllm_local.py
@@ -12,6 +12,7 @@ Engines never see chat messages: the rollout owns the template and the token str
 the trainer scores is exactly what the engine sampled (token-in/token-out, METHOD.md §4).
 """
 
-from arenaforge.tasks.policy.base import ENGINES, Generation, PolicyEngine, SamplingParams, build_engine
+from arenaforge.tasks.policy.base import EngineKind, Generation, PolicyEngine, SamplingParams
+from arenaforge.tasks.policy.registry import ENGINES, build_engine, engine_kind
 
-__all__ = ["ENGINES", "Generation", "PolicyEngine", "SamplingParams", "build_engine"]
+__all__ = ["ENGINES", "EngineKind", "Generation", "PolicyEngine", "SamplingParams", "build_engine", "engine_kind"]

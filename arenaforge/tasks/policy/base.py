@@ -1,12 +1,10 @@
-"""The engine protocol, its value types and the factory table."""
+"""The engine protocol, its value types and what an engine declares about itself (`EngineKind`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
-
-from arenaforge.schemas.errors import ConfigError
 
 FinishReason = Literal["stop", "length"]
 
@@ -47,34 +45,19 @@ class PolicyEngine(Protocol):
     async def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation: ...
 
 
-def _hf(**kw: Any) -> PolicyEngine:
-    from arenaforge.tasks.policy.hf import HfEngine
+@dataclass(frozen=True)
+class EngineKind:
+    """An engine as the jobs see it: how to build one and what it can do, declared in the engine's own module
+    (`ENGINE`) and registered in `policy/registry.py`; the jobs ask these traits, never the engine's name."""
 
-    return HfEngine.from_pretrained(kw["model_path"], device=kw.get("device", "cpu"))
+    name: str
+    build: Callable[..., PolicyEngine]  # a standalone engine from model_path / base_url / served_model / device
+    # (model, tokenizer, policy=, device=) -> an engine on the trainer's in-process model; None: the engine has its own
+    around_trainer_model: Callable[..., PolicyEngine] | None = None
+    url_for: str | None = None  # what --policy-url points at, for an engine that talks to a server
+    warm_start: bool = True  # serves a local copy, so a warm start can train it first
+    skips_forced_tokens: bool = False  # constrained decoding marks the tokens it forced (the loss may leave them out)
 
-
-def _vllm(**kw: Any) -> PolicyEngine:
-    from arenaforge.tasks.policy.vllm_http import VllmHttpEngine
-
-    if not kw.get("base_url"):
-        raise ConfigError("engine vllm needs a base_url (the `vllm serve` endpoint, e.g. http://127.0.0.1:8000/v1)")
-    return VllmHttpEngine(kw["base_url"], model=kw.get("served_model") or kw.get("model_path") or "policy",
-                          api_key=kw.get("api_key"))
-
-
-def _vllm_local(**kw: Any) -> PolicyEngine:
-    from arenaforge.tasks.policy.vllm_local import VllmLocalEngine
-
-    return VllmLocalEngine(kw["model_path"])
-
-
-ENGINES: dict[str, Callable[..., PolicyEngine]] = {"hf": _hf, "vllm": _vllm, "vllm-local": _vllm_local}
-
-
-def build_engine(name: str, **kwargs: Any) -> PolicyEngine:
-    """The engine called `name`; `scripted` is built by tests directly (it needs a function)."""
-    try:
-        factory = ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown engine {name!r}; choose one of {sorted(ENGINES)}") from None
-    return factory(**kwargs)
+    @property
+    def shares_trainer_model(self) -> bool:
+        return self.around_trainer_model is not None

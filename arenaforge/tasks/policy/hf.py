@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.tasks.policy.base import EngineKind, Generation, SamplingParams
 from arenaforge.tasks.policy.constrained import FREE, ToolCallConstraint, ground_of
 from arenaforge.tasks.policy.prefix_store import PrefixStore
 
@@ -375,3 +375,11 @@ def _sample(logits: Any, params: SamplingParams, generator: Any) -> int:
         keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p  # the smallest prefix reaching top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _standalone(**kw: Any) -> HfEngine:
+    return HfEngine.from_pretrained(kw["model_path"], device=kw.get("device", "cpu"))
+
+
+# in-process on the trainer's own model; its constrained decoding marks forced tokens (`Generation.extra`)
+ENGINE = EngineKind("hf", build=_standalone, around_trainer_model=HfEngine, skips_forced_tokens=True)

@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from arenaforge.schemas.errors import ProviderError
-from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.schemas.errors import ConfigError, ProviderError
+from arenaforge.tasks.policy.base import EngineKind, Generation, SamplingParams
 
 _TOKEN_PREFIX = "token_id:"
 
@@ -105,3 +105,14 @@ class VllmHttpEngine:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _from_settings(**kw: Any) -> VllmHttpEngine:
+    if not kw.get("base_url"):
+        raise ConfigError("engine vllm needs a base_url (the `vllm serve` endpoint, e.g. http://127.0.0.1:8000/v1)")
+    return VllmHttpEngine(kw["base_url"], model=kw.get("served_model") or kw.get("model_path") or "policy",
+                          api_key=kw.get("api_key"))
+
+
+# a server's weights: nothing here to warm-start
+ENGINE = EngineKind("vllm", build=_from_settings, url_for="the `vllm serve` endpoint", warm_start=False)

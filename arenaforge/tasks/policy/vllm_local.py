@@ -11,9 +11,10 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.tasks.policy.base import EngineKind, Generation, SamplingParams
 
 
 class VllmLocalEngine:
@@ -44,3 +45,10 @@ class VllmLocalEngine:
         ids = list(out.token_ids)
         logprobs = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs or [], strict=True)]
         return Generation(token_ids=ids, logprobs=logprobs, finish_reason="length" if out.finish_reason == "length" else "stop")
+
+
+def _from_settings(**kw: Any) -> VllmLocalEngine:
+    return VllmLocalEngine(kw["model_path"])
+
+
+ENGINE = EngineKind("vllm-local", build=_from_settings)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.kinds_training import TrainStep
+from arenaforge.warehouse import Warehouse
 
 
 def curves_figure(warmstart: Sequence[TrainStep], grpo: Sequence[TrainStep], title: str = "") -> Any:
@@ -70,3 +71,16 @@ def save_curves(fig: Any, out_dir: str | Path, experiment: str, run_id: str) -> 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def write_run_curves(wh: Warehouse, out_dir: str | Path, flow: str, experiment: str, run_id: str,
+                     warm_run_id: str | None = None) -> Path | None:
+    """The curves of run `run_id` (after its warm start's, when it had one), saved by the job that trained them;
+    None when neither run recorded a step."""
+    steps = wh.load(TrainStep, where="run_id = ?", params=[run_id])
+    warm = wh.load(TrainStep, where="run_id = ?", params=[warm_run_id]) if warm_run_id else []
+    if not steps and not warm:
+        return None
+    fig = curves_figure([*warm, *(s for s in steps if s.algorithm == "sft")],
+                        [s for s in steps if s.algorithm == "grpo"], title=f"{flow} {experiment}")
+    return save_curves(fig, out_dir, f"{flow}-{experiment}", run_id)

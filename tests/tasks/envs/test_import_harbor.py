@@ -26,7 +26,7 @@ from arenaforge.tasks.policy.scripted import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection
-from arenaforge.tasks.train.jobs import matching_envs
+from arenaforge.tasks.train.env_selection import matching_envs
 from arenaforge.warehouse import Warehouse
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.requirements import require_docker

@@ -18,7 +18,7 @@ from arenaforge.tasks.policy.scripted import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import RolloutConfig, user_turns
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection
-from arenaforge.tasks.train.jobs import matching_envs
+from arenaforge.tasks.train.env_selection import matching_envs
 from tests.support.requirements import require_bfcl
 from tests.support.rl import call_text, tiny_model_path
 

@@ -1,0 +1,108 @@
+"""`train grpo`: evaluate the start, warm-start (optional), GRPO, evaluate again; or hand the job to verl."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from arenaforge.schemas.errors import ConfigError
+from arenaforge.schemas.models import Rollout
+from arenaforge.tasks.policy.registry import engine_kind
+from arenaforge.tasks.train.env_selection import matching_envs, select_envs
+from arenaforge.tasks.train.evaluation import evaluate_policy
+from arenaforge.tasks.train.job_config import config_for, out_dir_for
+from arenaforge.tasks.train.job_sandbox import sandbox_pool
+from arenaforge.tasks.train.model_paths import BASE_POLICIES, local_model_path
+from arenaforge.tasks.train.params import GrpoParams
+from arenaforge.tasks.train.policy_engines import engine_factory
+from arenaforge.tasks.train.verl_handoff import verl_job
+from arenaforge.tasks.train.warmstart_jobs import warmstart_sft
+from arenaforge.warehouse import Warehouse, recorded_run
+
+log = logging.getLogger("arenaforge.train")
+
+
+async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] | None = None) -> dict[str, Any]:
+    """GRPO on one node, or — with verl.ray_address / verl.spec_only — the verl job hand-off.
+
+    `eval_rollouts` receives each evaluated stage's rollouts by label (for paired comparisons: the warehouse keeps an
+    identical rollout once, under the run that first made it)."""
+    cfg = config_for(params)
+    wh = Warehouse.from_config(cfg.warehouse)
+    envs = select_envs(wh, params.envs)
+    out = out_dir_for(cfg, params.out_dir, params.experiment)
+    if not params.verl.ray_address and cfg.train.ray_address:  # a configured cluster: scale out
+        verl = params.verl.model_copy(update={"ray_address": cfg.train.ray_address})
+        params = params.model_copy(update={"verl": verl})
+    engine = engine_kind(params.engine)
+    if params.warmstart_steps and (not engine.warm_start or params.verl.ray_address or params.verl.spec_only):
+        raise ConfigError("--warmstart-steps trains a local copy (engines hf, vllm-local); for a vllm server or verl "
+                          "run `train warmstart` + `train sft` and serve/pass that checkpoint")
+    if params.verl.ray_address or params.verl.spec_only:
+        return verl_job(params, cfg, wh, envs, out)
+    from arenaforge.tasks.train.checkpoints import CheckpointManager
+    from arenaforge.tasks.train.curves import write_run_curves
+    from arenaforge.tasks.train.grpo import GrpoConfig
+    from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.tasks.train.splits import ensure_splits
+
+    path = local_model_path(params.model_path)
+    held_out = params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": params.eval_limit})
+    test_envs = matching_envs(wh, held_out) if params.evaluate else []
+    if params.evaluate and not test_envs:
+        log.info("no test environments in this warehouse's split: nothing to evaluate on")
+    evals: dict[str, dict[str, Any]] = {}
+    eval_episode = params.episode.model_copy(update={"temperature": 0.0})
+
+    async def stage_eval(label: str, model: str) -> None:
+        if test_envs:
+            log.info(f"evaluating {label} on {len(test_envs)} test environments")
+            evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, seed=params.seed,
+                                                 concurrency=params.concurrency, label=label,
+                                                 rollouts_out=None if eval_rollouts is None else
+                                                 eval_rollouts.setdefault(label, []))
+            log.info(f"{label}: test F1 {evals[label]['f1']:.3f}")
+
+    await stage_eval("untrained" if params.model_path in (None, *BASE_POLICIES) else "start", path)
+    warm: dict[str, Any] = {}
+    if params.warmstart_steps:
+        warm = await warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
+        path = warm["checkpoint"]
+        await stage_eval("warm start", path)
+    run_cfg = GrpoRunConfig(
+        out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
+        delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
+        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
+        concurrency=params.concurrency, seed=params.seed, device=params.device,
+        rollout=params.episode.rollout_config(params.seed),
+        grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs,
+                        skip_forced_tokens=params.skip_forced_tokens and engine.skips_forced_tokens,
+                        precision=params.precision, lora_rank=params.lora_rank),
+    )
+    factory = engine_factory(params.model_copy(update={"model_path": path}))
+    structures = {env_id: row.stratum for env_id, row in
+                  ensure_splits(wh, scheme=params.envs.scheme, test_share=params.envs.test_share,
+                                seed=params.envs.split_seed).items()}
+    with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
+        async with sandbox_pool(cfg) as pool:
+            summary = await train_grpo(run_cfg, path, factory, pool, envs, wh, run.id, structures)
+        counts["steps"] = summary.last_step - summary.first_step + 1
+        counts["checkpoints"] = len(summary.checkpoints)
+    final = str(CheckpointManager(out).checkpoints()[-1].path)
+    await stage_eval("warm start + GRPO" if warm else "GRPO", final)
+    curves = write_run_curves(wh, cfg.out_dir, "train-grpo", summary.experiment, run.id, warm.get("run_id"))
+    last = summary.metrics[-1] if summary.metrics else {}
+    steps = summary.metrics
+    return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
+            "last_step": summary.last_step, "resumed_from": summary.resumed_from, "checkpoints": summary.checkpoints,
+            "final_checkpoint": final, "last_metrics": last,
+            "skipped_steps": int(sum(m.get("skipped", 0) for m in steps)),
+            "zero_variance_share": _mean_of(steps, "zero_variance_share"),
+            **({"warmstart": warm} if warm else {}), **({"eval": evals} if evals else {}),
+            **({"curves_png": str(curves)} if curves else {})}
+
+
+def _mean_of(rows: Sequence[dict[str, float]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return round(sum(values) / len(values), 4) if values else None
