@@ -48,6 +48,7 @@ class EnginesLauncher:
     """Worker containers on several Docker engines, least loaded first; see the module docstring."""
 
     backend = "docker"
+    capabilities = DockerLauncher.capabilities
     scratch_root = "/tmp"
     can_setuid = True
     hide_paths: list[str] = []

@@ -1,8 +1,10 @@
 """How the pool reaches a worker: a Docker container's attached stdio, or a local subprocess.
 
 A `Launcher` makes `Transport`s; a transport moves JSON lines to and from one worker and can
-kill it. Everything above (sessions, limits, replacement) is the same for both backends and
-lives in `arenaforge.environments.runtime.pool` (sessions) and `.workers` (worker slots).
+kill it. A launcher declares what its workers can do (`Capabilities`); the pool asks those, never
+the launcher's name. Everything above (sessions, limits, replacement) is the same for every backend
+and lives in `arenaforge.environments.runtime.pool` (sessions) and `.workers` (worker slots); the
+backends are registered by name in `.launchers`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import struct
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,8 +56,19 @@ class Transport(Protocol):
     async def kill(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a launcher's workers can do; the pool and its worker slots ask these, never the backend's name."""
+
+    isolates_model_code: bool  # confines model-written tool code well enough to run it unasked (docs/SANDBOX.md)
+    isolates_network: bool  # the worker has no network at all, so its sessions need no private namespace each
+    runs_on_host: bool  # sessions are host processes: requirement dirs are bound in; namespaces and uids are best effort
+    session_cpu_groups: bool  # a per-session CPU cgroup weighs only against the worker's own sessions
+
+
 class Launcher(Protocol):
-    backend: str
+    backend: str  # the name it is registered under (`launchers.LAUNCHERS`), for messages and stats
+    capabilities: Capabilities
     scratch_root: str
     can_setuid: bool
     hide_paths: list[str]
@@ -149,6 +163,10 @@ class ProcessLauncher:
     """Workers as local subprocesses: rlimits, per-session uids when root, a private network namespace where permitted."""
 
     backend = "process"
+    # CPU groups only inside a container: on the host a group of the worker's own would leave the pool's autogroup and
+    # weigh against it as an equal (`sandbox.nice` is how that is weighed there)
+    capabilities = Capabilities(isolates_model_code=False, isolates_network=False, runs_on_host=True,
+                                session_cpu_groups=False)
 
     def __init__(self, cfg: SandboxConfig) -> None:
         self.cfg = cfg
@@ -384,6 +402,8 @@ class DockerLauncher:
     """Workers as long-lived containers: no network, read-only root, tmpfs scratch, capped memory/pids/CPU."""
 
     backend = "docker"
+    capabilities = Capabilities(isolates_model_code=True, isolates_network=True, runs_on_host=False,
+                                session_cpu_groups=True)
     scratch_root = "/tmp"
     can_setuid = True
     hide_paths: list[str] = []
