@@ -179,7 +179,7 @@ def test_the_event_loop_rule_sees_a_start(tmp_path):
 _MAY_HOLD_SQL = {
     "warehouse/": "the warehouse itself",
     "tasks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
-    "tasks/envs/grounding.py": "checks a QA's evidence against the knowledge source with parameterised queries",
+    "tasks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
     "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
     "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
     "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
@@ -221,3 +221,48 @@ def test_the_sql_rule_sees_a_statement(tmp_path):
     bad.write_text('con.execute(f"SELECT * FROM {t} WHERE id = ?")\n"""Select the tool from the list."""\n'
                    'q = ("DELETE FROM runs "\n     "WHERE id = ?")\nCREATE = "CREATE TABLE x (a INT)"\n')
     assert _sql_statements(bad) == [1, 3, 5]
+
+
+# Seams are objects, not names: a sandbox backend declares its capabilities, an evidence kind and an imported suite's
+# grader are classes, each found once in its registry. Nothing else compares a backend, engine or kind by name.
+_SEAM_REGISTRIES = {
+    "environments/runtime/launchers.py": "sandbox backends by name (`sandbox.backend`, auto)",
+    "tasks/envs/evidence/__init__.py": "evidence kinds by `Evidence.kind`",
+    "tasks/rollout/graders/__init__.py": "imported suites' graders by `NativeCheck.kind`",
+    "flows/ray_runner.py": "where a flow's batches run (`runner.kind`)",
+    "tasks/train/jobs.py": "policy engines by name, until engines declare traits (branch `lifecycle` replaces these)",
+}
+_SEAM_NAMES = {"backend", "engine", "kind"}
+
+
+def _seam_branches(path: Path) -> list[str]:
+    """`backend == ...`, `engine != ...`, `x.kind == ...` comparisons (a name or attribute `backend`/`engine`, an
+    attribute `kind`) in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            continue
+        for side in (node.left, *node.comparators):
+            name = side.attr if isinstance(side, ast.Attribute) else side.id if isinstance(side, ast.Name) else ""
+            if name in _SEAM_NAMES and (name != "kind" or isinstance(side, ast.Attribute)):
+                found.append(f"line {node.lineno}: compares {ast.unparse(side)}")
+                break
+    return found
+
+
+def test_seams_are_chosen_only_in_their_registry():
+    stale = [p for p in _SEAM_REGISTRIES if not (PACKAGE / p).exists()]
+    assert not stale, f"registries naming nothing: {stale}"
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel not in _SEAM_REGISTRIES:
+            bad += [f"{rel} {what}" for what in _seam_branches(path)]
+    assert not bad, "a seam chosen by name outside its registry (ask the object instead):\n" + "\n".join(bad)
+
+
+def test_the_seam_rule_sees_a_branch(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('if self.backend == "process":\n    pass\nif engine != "hf":\n    pass\n'
+                   'ok = ev.kind == "span"\nkind = 1\nsame = kind == 2\n')
+    assert [line.split(":")[0] for line in _seam_branches(bad)] == ["line 1", "line 3", "line 5"]

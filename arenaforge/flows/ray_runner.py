@@ -20,6 +20,11 @@ from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 
 
+def runs_on_ray(cfg: Config) -> bool:
+    """Whether the run's batches go to the Ray workers: the one place a flow's runner (`runner.kind`) is named."""
+    return cfg.runner.kind == "ray"
+
+
 def warehouse(cfg: Config) -> Warehouse:
     return Warehouse(cfg.warehouse.path, lock_timeout_s=cfg.warehouse.lock_timeout_s,
                      data_path=cfg.warehouse.data_path)

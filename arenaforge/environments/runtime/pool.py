@@ -69,7 +69,8 @@ class Pool(WorkerSlots):
                 and model_written(env)):
             raise UntrustedCodeRefused(
                 f"environment {env.name!r} has model-written code and the {self.backend} sandbox backend cannot "
-                "isolate it well (docs/SANDBOX.md): start Docker (scripts/start-docker.sh) or set sandbox.process_allows_model_code")
+                "isolate it well (docs/SANDBOX.md): start Docker (scripts/start-docker.sh) or set "
+                "sandbox.process_allows_model_code")
         placement = await self.place(env) if env.requirements else (None, None)
         session = Session(id=f"s{next(self._sids)}", env=env, template=self.template(env, placement),
                           opened_at=time.monotonic())

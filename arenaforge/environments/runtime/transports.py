@@ -62,7 +62,7 @@ class Capabilities:
 
     isolates_model_code: bool  # confines model-written tool code well enough to run it unasked (docs/SANDBOX.md)
     isolates_network: bool  # the worker has no network at all, so its sessions need no private namespace each
-    runs_on_host: bool  # sessions are host processes: requirement dirs are bound in; namespaces and uids are best effort
+    runs_on_host: bool  # sessions are host processes: requirement dirs bound in, namespaces and uids best effort
     session_cpu_groups: bool  # a per-session CPU cgroup weighs only against the worker's own sessions
 
 

@@ -113,7 +113,8 @@ def known_table(source: KnowledgeSource, ev: Evidence) -> None:
 
 
 def answers_to_avoid(qa: QAInstance) -> list[str]:
-    """Other records a tool holds must not answer this sub-QA, nor any other of the QA (parallel lookups share a tool)."""
+    """Answers the other records a tool holds must not give: this sub-QA's, nor any other of the QA's (parallel
+    lookups share a tool)."""
     return [s.answer for s in qa.sub_qas if s.needs_tool]
 
 

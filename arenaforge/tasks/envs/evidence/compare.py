@@ -26,7 +26,8 @@ class Compare(EvidenceKind):
             raise Ungrounded(RejectReason.EVIDENCE_ERROR, f"sub-QA {sub.index} compares sub-QAs it does not depend on")
         answers = [earlier[i].answer for i in ev.of]
         if not all(is_number(a) for a in answers):
-            raise Ungrounded(RejectReason.EVIDENCE_MISMATCH, f"sub-QA {sub.index} compares answers that are not numbers")
+            raise Ungrounded(RejectReason.EVIDENCE_MISMATCH,
+                             f"sub-QA {sub.index} compares answers that are not numbers")
         values = [float(a) for a in answers]
         best = max(values) if ev.op == "max" else min(values)
         if values.count(best) > 1:

@@ -39,7 +39,8 @@ class Count(EvidenceKind):
         table, key = ev.table or "", ev.key or ""
         flt = data.filter_column
         filt_sig = f", {flt}=None" if flt else ""
-        filt_line = f"        if {flt} is not None and str(row.get(\"{flt}\")) != str({flt}):\n            continue\n" if flt else ""
+        filt_line = (f"        if {flt} is not None and str(row.get(\"{flt}\")) != str({flt}):\n            continue\n"
+                     if flt else "")
         return f'''
 def {name}({key}{filt_sig}):
     """Count the {human(table)} whose {human(key)} is the given value."""
@@ -55,7 +56,8 @@ def {name}({key}{filt_sig}):
         ev = data.evidence
         table, key = ev.table or "", ev.key or ""
         flt = data.filter_column
-        props: dict[str, Any] = {key: {"type": data.key_type, "description": f"Count {human(table)} with this {human(key)}."}}
+        props: dict[str, Any] = {key: {"type": data.key_type,
+                                       "description": f"Count {human(table)} with this {human(key)}."}}
         if flt:
             options = sorted({str(r[flt]) for r in data.data if r.get(flt) is not None}) or ["any"]
             props[flt] = {"type": "string", "enum": options, "description": f"Only count rows with this {human(flt)}."}
