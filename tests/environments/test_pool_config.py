@@ -253,7 +253,7 @@ def test_an_unknown_backend_is_one_clear_line_naming_the_registered_ones() -> No
     assert "\n" not in str(info.value)
 
 
-def test_a_registered_backend_is_chosen_by_name_and_asked_for_its_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_registered_backend_is_chosen_by_name_and_asked_its_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding a backend is a launcher plus its registration: the pool asks its capabilities (here: it may run
     model-written code without the process backend's opt-in), never its name."""
     import dataclasses
