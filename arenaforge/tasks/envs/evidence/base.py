@@ -118,6 +118,11 @@ def answers_to_avoid(qa: QAInstance) -> list[str]:
     return [s.answer for s in qa.sub_qas if s.needs_tool]
 
 
+def names(ev: Evidence) -> tuple[str, str, str]:
+    """(table, key, column) of a table query, "" for any it leaves out: what a template writes into a tool."""
+    return ev.table or "", ev.key or "", ev.column or ""
+
+
 def tool_name(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]+", "_", "_".join(parts)).strip("_").lower()[:_MAX_NAME]
 

@@ -7,7 +7,14 @@ from typing import Any
 
 from arenaforge.schemas.models import Evidence, QAInstance, SubQA
 from arenaforge.tasks.envs.answers import human
-from arenaforge.tasks.envs.evidence.base import EvidenceKind, answers_to_avoid, keyed_where, known_table, tool_name
+from arenaforge.tasks.envs.evidence.base import (
+    EvidenceKind,
+    answers_to_avoid,
+    keyed_where,
+    known_table,
+    names,
+    tool_name,
+)
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.tool_data import ToolData, filter_column, grouped_data
 from arenaforge.tasks.envs.tool_impl import DATA_VAR
@@ -35,8 +42,7 @@ class Count(EvidenceKind):
         return f"the number of {ev.table} rows whose {ev.key} is given"
 
     def code(self, data: ToolData, name: str) -> str:
-        ev = data.evidence
-        table, key = ev.table or "", ev.key or ""
+        table, key, _ = names(data.evidence)
         flt = data.filter_column
         filt_sig = f", {flt}=None" if flt else ""
         filt_line = (f"        if {flt} is not None and str(row.get(\"{flt}\")) != str({flt}):\n            continue\n"
@@ -53,8 +59,7 @@ def {name}({key}{filt_sig}):
 '''
 
     def template_doc(self, data: ToolData) -> dict[str, Any]:
-        ev = data.evidence
-        table, key = ev.table or "", ev.key or ""
+        table, key, _ = names(data.evidence)
         flt = data.filter_column
         props: dict[str, Any] = {key: {"type": data.key_type,
                                        "description": f"Count {human(table)} with this {human(key)}."}}

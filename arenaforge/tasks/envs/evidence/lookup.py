@@ -16,6 +16,7 @@ from arenaforge.tasks.envs.evidence.base import (
     column,
     keyed_where,
     known_table,
+    names,
     tool_name,
 )
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
@@ -53,8 +54,7 @@ class Lookup(EvidenceKind):
         return f"the {ev.column} of the {ev.table} row whose {ev.key} is given"
 
     def code(self, data: ToolData, name: str) -> str:
-        ev = data.evidence
-        table, key, column = ev.table or "", ev.key or "", ev.column or ""
+        table, key, column = names(data.evidence)
         return f'''
 def {name}({key}, fields=None):
     """Return the {human(column)} of the {entity(table)} with the given {human(key)}."""
@@ -71,8 +71,7 @@ def {name}({key}, fields=None):
 '''
 
     def template_doc(self, data: ToolData) -> dict[str, Any]:
-        ev = data.evidence
-        table, key, column = ev.table or "", ev.key or "", ev.column or ""
+        table, key, column = names(data.evidence)
         return {"name": tool_name("get", entity(table), column),
                 "description": f"Look up the {human(column)} of {article(entity(table))} by its {human(key)}. "
                                f"Optionally return more fields of the record.",

@@ -15,6 +15,7 @@ from arenaforge.tasks.envs.evidence.base import (
     column,
     keyed_where,
     known_table,
+    names,
     tool_name,
 )
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
@@ -45,8 +46,7 @@ class Sum(EvidenceKind):
         return f"the total {ev.column} of the {ev.table} rows whose {ev.key} is given (2 decimals)"
 
     def code(self, data: ToolData, name: str) -> str:
-        ev = data.evidence
-        table, key, column = ev.table or "", ev.key or "", ev.column or ""
+        table, key, column = names(data.evidence)
         return f'''
 def {name}({key}, decimals=2):
     """Total {human(column)} of the {human(table)} whose {human(key)} is the given value."""
@@ -57,8 +57,7 @@ def {name}({key}, decimals=2):
 '''
 
     def template_doc(self, data: ToolData) -> dict[str, Any]:
-        ev = data.evidence
-        table, key, column = ev.table or "", ev.key or "", ev.column or ""
+        table, key, column = names(data.evidence)
         return {"name": tool_name("total", column, "of", table, "by", key),
                 "description": f"Sum the {human(column)} over the {human(table)} with a given {human(key)}.",
                 "parameters": {"type": "object", "properties": {
