@@ -177,7 +177,7 @@ def test_session_cpu_limit_and_odd_results() -> None:
 
 def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) -> None:
     """The degraded path (no root, or no world-readable Python): process groups instead of session uids."""
-    from arenaforge.environments.runtime.transports import ProcessLauncher
+    from arenaforge.environments.runtime.process_backend import ProcessLauncher
 
     monkeypatch.setattr(ProcessLauncher, "can_setuid", property(lambda self: False))
 
@@ -205,7 +205,7 @@ def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) 
 def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from arenaforge.environments.runtime.transports import DockerLauncher
+    from arenaforge.environments.runtime.docker_backend import DockerLauncher
     from arenaforge.schemas.errors import SandboxError
 
     async def broken(self: DockerLauncher) -> None:
@@ -258,7 +258,7 @@ def test_a_registered_backend_is_chosen_by_name_and_asked_its_capabilities(monke
     model-written code without the process backend's opt-in), never its name."""
     import dataclasses
 
-    from arenaforge.environments.runtime.transports import ProcessLauncher
+    from arenaforge.environments.runtime.process_backend import ProcessLauncher
     from arenaforge.schemas.models import Provenance
 
     class ConfinedLauncher(ProcessLauncher):

@@ -1,8 +1,8 @@
 """The sandbox backends by name: `sandbox.backend` picks one here, and nothing else in the runtime asks a name.
 
 A backend is a `Launcher` (transports.py: its transport, and the `Capabilities` the pool asks); adding one is a module
-with its launcher plus one line in `LAUNCHERS`. `auto` is resolved here too: docker when an engine answers (and its
-image builds), else process (warned).
+with its launcher (as `process_backend.py`, `docker_backend.py`) plus one line in `LAUNCHERS`. `auto` is resolved
+here too: docker when an engine answers (and its image builds), else process (warned).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import logging
 from collections.abc import Callable
 
 from arenaforge.environments.runtime.engines import docker_launcher
-from arenaforge.environments.runtime.transports import Launcher, ProcessLauncher, docker_engine_answers
+from arenaforge.environments.runtime.docker_backend import docker_engine_answers
+from arenaforge.environments.runtime.process_backend import ProcessLauncher
+from arenaforge.environments.runtime.transports import Launcher
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import ConfigError, SandboxError
 
