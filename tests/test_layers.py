@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,7 +181,7 @@ def test_the_event_loop_rule_sees_a_start(tmp_path):
 _MAY_HOLD_SQL = {
     "warehouse/": "the warehouse itself",
     "tasks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
-    "tasks/envs/grounding.py": "checks a QA's evidence against the knowledge source with parameterised queries",
+    "tasks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
     "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
     "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
     "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
@@ -204,20 +206,62 @@ def _sql_statements(path: Path) -> list[int]:
     return sorted(found)
 
 
-def test_sql_lives_in_the_warehouse():
-    stale = [p for p in _MAY_HOLD_SQL if not (PACKAGE / p).exists()]
+def _found_outside(exempt: dict[str, str], find: Callable[[Path], list[Any]]) -> list[str]:
+    """What `find` reports in every module of the package except those under an `exempt` path (a file or a folder)."""
+    stale = [p for p in exempt if not (PACKAGE / p).exists()]
     assert not stale, f"exceptions naming nothing: {stale}"
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if any(rel.startswith(allowed) for allowed in _MAY_HOLD_SQL):
-            continue
-        bad += [f"{rel}:{line}" for line in _sql_statements(path)]
+        if not any(rel.startswith(allowed) for allowed in exempt):
+            bad += [f"{rel}:{found}" for found in find(path)]
+    return bad
+
+
+def test_sql_lives_in_the_warehouse():
+    bad = _found_outside(_MAY_HOLD_SQL, _sql_statements)
     assert not bad, "SQL outside arenaforge/warehouse/ (make it a typed function there): " + ", ".join(bad)
 
 
-def test_the_sql_rule_sees_a_statement(tmp_path):
+# Seams are objects, not names: a sandbox backend declares its capabilities, an evidence kind and an imported suite's
+# grader are classes, each found once in its registry. Nothing else compares a backend, engine or kind by name.
+_SEAM_REGISTRIES = {
+    "environments/runtime/launchers.py": "sandbox backends by name (`sandbox.backend`, auto)",
+    "tasks/envs/evidence/__init__.py": "evidence kinds by `Evidence.kind`",
+    "tasks/rollout/graders/__init__.py": "imported suites' graders by `NativeCheck.kind`",
+    "flows/ray_runner.py": "where a flow's batches run (`runner.kind`)",
+    "tasks/policy/registry.py": "policy engines by name (`--engine`)",
+}
+_SEAM_NAMES = {"backend", "engine", "kind"}
+
+
+def _seam_branches(path: Path) -> list[int]:
+    """Lines of `backend == ...`, `engine != ...`, `x.kind == ...` comparisons (a name or attribute `backend`/`engine`,
+    an attribute `kind`) in one module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            continue
+        for side in (node.left, *node.comparators):
+            name = side.attr if isinstance(side, ast.Attribute) else side.id if isinstance(side, ast.Name) else ""
+            if name in _SEAM_NAMES and (name != "kind" or isinstance(side, ast.Attribute)):
+                found.append(node.lineno)
+                break
+    return found
+
+
+def test_seams_are_chosen_only_in_their_registry():
+    bad = _found_outside(_SEAM_REGISTRIES, _seam_branches)
+    assert not bad, "a seam chosen by name outside its registry (ask the object instead):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(("find", "source"), [
+    (_sql_statements, 'con.execute(f"SELECT * FROM {t} WHERE id = ?")\n"""Select the tool from the list."""\n'
+                      'q = ("DELETE FROM runs "\n     "WHERE id = ?")\nCREATE = "CREATE TABLE x (a INT)"\n'),
+    (_seam_branches, 'if self.backend == "process":\n    pass\nif engine != "hf":\n    pass\n'
+                     'ok = ev.kind == "span"\nkind = 1\nsame = kind == 2\n'),
+])
+def test_the_sql_and_seam_rules_see_a_violation(tmp_path, find, source):
     bad = tmp_path / "bad.py"
-    bad.write_text('con.execute(f"SELECT * FROM {t} WHERE id = ?")\n"""Select the tool from the list."""\n'
-                   'q = ("DELETE FROM runs "\n     "WHERE id = ?")\nCREATE = "CREATE TABLE x (a INT)"\n')
-    assert _sql_statements(bad) == [1, 3, 5]
+    bad.write_text(source)
+    assert find(bad) == [1, 3, 5]

@@ -95,7 +95,7 @@ class TaskContainers:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from arenaforge.environments.runtime.transports import docker_client
+            from arenaforge.environments.runtime.docker_backend import docker_client
 
             self._client = docker_client(timeout=600)
         return self._client

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.flows.ray_runner import on_ray, worker_config, worker_scope
+from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import load_config
 from arenaforge.tasks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
                                             synthesize_qas)
@@ -61,7 +61,7 @@ async def envs(params: EnvsParams = EnvsParams()) -> dict[str, int]:
 
 async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -> None:
     """QAs, then environments batch by batch; counts fill as stages finish (a failed run keeps them)."""
-    if params.pipeline == "stream" and scope.cfg.runner.kind != "ray":  # on Ray, batches go to the workers
+    if params.pipeline == "stream" and not runs_on_ray(scope.cfg):  # on Ray, batches go to the workers
         logger = get_run_logger()
 
         def written(number: int, window: dict[str, int]) -> None:
@@ -74,7 +74,7 @@ async def _stages(scope: RunScope, params: EnvsParams, counts: dict[str, int]) -
     counts.update(qa_counts)
     batches = chunks(qa_ids, params.batch_size)
     bar = progress("envs-batches", len(batches), "environment batches built")
-    if scope.cfg.runner.kind == "ray":
+    if runs_on_ray(scope.cfg):
         async for result in _batches_on_ray(scope, params, batches):
             for key, value in result.items():
                 counts[key] = counts.get(key, 0) + value

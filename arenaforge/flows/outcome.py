@@ -32,7 +32,7 @@ def is_infrastructure(reason: ReasonCount) -> bool:
 
 def _label(r: ReasonCount) -> str:
     """stage/reason, with the failure kind when it is not the data's own (quality) failure."""
-    return f"{r.stage}/{r.reason}" + ("" if r.kind == FailureKind.QUALITY else f" ({r.kind})")
+    return f"{r.stage}/{r.reason}" + ("" if FailureKind(r.kind) is FailureKind.QUALITY else f" ({r.kind})")
 
 
 @dataclass

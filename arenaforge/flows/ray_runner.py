@@ -20,6 +20,11 @@ from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 
 
+def runs_on_ray(cfg: Config) -> bool:
+    """Whether the run's batches go to the Ray workers: the one place a flow's runner (`runner.kind`) is named."""
+    return cfg.runner.kind == "ray"
+
+
 def worker_config(cfg: Config) -> dict[str, Any]:
     """The run's config as the workers get it: plain JSON, the warehouse path absolute (workers start elsewhere)."""
     cfg_json = cfg.model_dump(mode="json")

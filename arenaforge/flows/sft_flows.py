@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from arenaforge.flows.outcome import finish
-from arenaforge.flows.ray_runner import on_ray, worker_config, worker_scope
+from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import Config, load_config
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.tasks.sft import stages as sft_stages
@@ -155,7 +155,7 @@ async def sft(params: SftParams = SftParams()) -> dict[str, Any]:
                                                       server_only=params.server_only)
             counts.update(c)
             bar.advance()
-            if cfg.runner.kind == "ray":
+            if runs_on_ray(cfg):
                 counts.update(await _episodes_on_ray(scope, task_ids, seed, params.batch_size))
                 bar.advance()
             else:

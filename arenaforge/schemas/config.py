@@ -91,7 +91,8 @@ class ModelConfig(_Section):
 class SandboxConfig(_Section):
     """The sandbox runtime (docs/SANDBOX.md): workers, per-session limits, and what crosses the boundary."""
 
-    backend: Literal["auto", "docker", "process"] = Field(default="auto", description="auto: docker if an engine answers.")
+    backend: str = Field(default="auto", description="auto (docker if an engine answers, else process), or a "
+                         "registered backend: docker, process (checked when the pool starts).")
     image: str = Field(default="arenaforge-sandbox", description="Base image name (tag is the recipe hash).")
     engines: list[str] = Field(
         default_factory=list,

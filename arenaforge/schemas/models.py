@@ -177,6 +177,7 @@ class JudgeScore(Record):
 # --------------------------------------------------------------------------- RL track
 class Evidence(Frozen):
     """How a sub-answer follows from the knowledge source. A model may propose it; only the source decides.
+    Each kind's behaviour (summary, grounding, tool data and code) is its class in `tasks/envs/evidence/`.
 
     lookup   the `column` of the `table` row whose `key` column holds `value`
     count    how many rows of `table` have `value` in `key`
@@ -196,15 +197,6 @@ class Evidence(Frozen):
     of: list[int] = Field(default_factory=list, description="compare: indices of the sub-QAs compared.")
     labels: list[str] = Field(default_factory=list, description="compare: the name each compared sub-QA stands for.")
     op: Literal["max", "min"] | None = Field(default=None, description="compare: which one wins.")
-
-    def summary(self) -> str:
-        """One line for people: `lookup customers.city by customer_id = CU107`."""
-        if self.kind == "span":
-            return f"span of passage {self.passage}: {self.text!r}"
-        if self.kind == "compare":
-            return f"{self.op} of sub-QAs {self.of} ({', '.join(self.labels)})"
-        what = self.table if self.kind == "count" else f"{self.table}.{self.column}"
-        return f"{self.kind} {what} by {self.key} = {self.value}"
 
 
 class SubQA(Frozen):

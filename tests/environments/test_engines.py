@@ -9,7 +9,7 @@ import pytest
 
 from arenaforge.environments.runtime import EnvironmentFailure, SessionLost, WorkerLost, create_pool
 from arenaforge.environments.runtime.image import image_ref
-from arenaforge.environments.runtime.transports import docker_client
+from arenaforge.environments.runtime.docker_backend import docker_client
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import ConfigError, FailureKind, SandboxError
 from arenaforge.schemas.models import Environment, FunctionDoc

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from arenaforge.environments.package import write_package
 from arenaforge.environments.runtime import create_pool, run_calls
-from arenaforge.environments.runtime import pool as pool_module
+from arenaforge.environments.runtime import launchers as launchers_module
 from tests.environments.conftest import sandbox_config
 from tests.environments.toolsets import adversarial_env, retail_functions_env
 
@@ -60,7 +60,7 @@ def test_output_limit_is_configurable() -> None:
 
 
 def test_auto_falls_back_to_process_with_a_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda url=None: False)
+    monkeypatch.setattr(launchers_module, "docker_engine_answers", lambda url=None: False)
 
     async def scenario() -> str:
         async with await create_pool(sandbox_config("auto", pool_size=1)) as pool:
@@ -177,7 +177,7 @@ def test_session_cpu_limit_and_odd_results() -> None:
 
 def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) -> None:
     """The degraded path (no root, or no world-readable Python): process groups instead of session uids."""
-    from arenaforge.environments.runtime.transports import ProcessLauncher
+    from arenaforge.environments.runtime.process_backend import ProcessLauncher
 
     monkeypatch.setattr(ProcessLauncher, "can_setuid", property(lambda self: False))
 
@@ -205,13 +205,13 @@ def test_process_backend_without_uid_switching(monkeypatch: pytest.MonkeyPatch) 
 def test_auto_falls_back_when_the_docker_backend_cannot_prepare(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from arenaforge.environments.runtime.transports import DockerLauncher
+    from arenaforge.environments.runtime.docker_backend import DockerLauncher
     from arenaforge.schemas.errors import SandboxError
 
     async def broken(self: DockerLauncher) -> None:
         raise SandboxError("debootstrap is not installed")
 
-    monkeypatch.setattr(pool_module, "docker_engine_answers", lambda url=None: True)
+    monkeypatch.setattr(launchers_module, "docker_engine_answers", lambda url=None: True)
     monkeypatch.setattr(DockerLauncher, "prepare", broken)
 
     async def scenario(backend: str) -> str:
@@ -243,3 +243,34 @@ def test_cli_status_reports_one_truthful_net_isolated(backend: str) -> None:
     assert [w["net_isolated"] for w in report["workers"]] == [report["pool"]["net_isolated"]] * len(report["workers"])
     if backend == "docker" or os.geteuid() == 0:
         assert report["pool"]["net_isolated"] is True
+
+
+def test_an_unknown_backend_is_one_clear_line_naming_the_registered_ones() -> None:
+    from arenaforge.schemas.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown sandbox backend 'podman'; known: auto, docker, process") as info:
+        asyncio.run(create_pool(sandbox_config("podman", pool_size=1)))
+    assert "\n" not in str(info.value)
+
+
+def test_a_registered_backend_is_chosen_by_name_and_asked_its_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a backend is a launcher plus its registration: the pool asks its capabilities (here: it may run
+    model-written code without the process backend's opt-in), never its name."""
+    import dataclasses
+
+    from arenaforge.environments.runtime.process_backend import ProcessLauncher
+    from arenaforge.schemas.models import Provenance
+
+    class ConfinedLauncher(ProcessLauncher):
+        backend = "confined"
+        capabilities = dataclasses.replace(ProcessLauncher.capabilities, isolates_model_code=True)
+
+    monkeypatch.setitem(launchers_module.LAUNCHERS, "confined", ConfinedLauncher)
+    env = retail_functions_env().model_copy(update={"provenance": Provenance(backend="openai", model="some-model")})
+
+    async def scenario() -> tuple[str, str | None]:
+        async with await create_pool(sandbox_config("confined", pool_size=1)) as pool:
+            obs = await run_calls(pool, env, [("get_user_balance", {"user_id": "u2"})])
+            return pool.backend, obs[0].output
+
+    assert asyncio.run(scenario()) == ("confined", "5.0")

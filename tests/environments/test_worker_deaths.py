@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.environments.runtime.transports import describe_returncode
+from arenaforge.environments.runtime.process_backend import describe_returncode
 from tests.environments.conftest import PoolHandle, start_pool
 from tests.environments.toolsets import retail_functions_env
 

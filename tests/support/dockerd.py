@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from arenaforge.environments.runtime.transports import docker_engine_answers
+from arenaforge.environments.runtime.docker_backend import docker_engine_answers
 from tests.support.requirements import skip_or_fail
 
 START_DEADLINE_S = 120

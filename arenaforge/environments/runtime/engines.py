@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arenaforge.environments.runtime.image import _image_exists, image_ref
-from arenaforge.environments.runtime.transports import DockerLauncher, DockerTransport, EngineUnreachable, Transport
+from arenaforge.environments.runtime.docker_backend import (
+    DockerLauncher,
+    DockerTransport,
+    EngineUnreachable,
+    docker_client,
+)
+from arenaforge.environments.runtime.transports import Transport
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import ConfigError, SandboxError
 
@@ -48,6 +54,7 @@ class EnginesLauncher:
     """Worker containers on several Docker engines, least loaded first; see the module docstring."""
 
     backend = "docker"
+    capabilities = DockerLauncher.capabilities
     scratch_root = "/tmp"
     can_setuid = True
     hide_paths: list[str] = []
@@ -116,8 +123,6 @@ class EnginesLauncher:
 
 
 def _client(url: str) -> Any:
-    from arenaforge.environments.runtime.transports import docker_client
-
     client = docker_client(60, url)
     client.ping()
     return client

@@ -24,16 +24,13 @@ Whose fault it is decides how it surfaces:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from arenaforge.environments.runtime.connection import Overdue, WorkerGone
-from arenaforge.environments.runtime.engines import docker_launcher
 from arenaforge.environments.runtime.errors import (
     FAILURES,
     EnvironmentFailure,
@@ -44,14 +41,13 @@ from arenaforge.environments.runtime.errors import (
     WorkerLost,
 )
 from arenaforge.environments.runtime.handles import Session, model_written, observation
-from arenaforge.environments.runtime.transports import Launcher, ProcessLauncher, docker_engine_answers
+from arenaforge.environments.runtime.launchers import open_launcher
+from arenaforge.environments.runtime.transports import Launcher
 from arenaforge.environments.runtime.worker.execution import STATE_TOOL
 from arenaforge.environments.runtime.workers import GRACE_S, LOAD_STRETCH, WorkerSlots
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import Environment, GoldCall, ToolObservation
-
-log = logging.getLogger("arenaforge.sandbox")
 
 __all__ = ["Pool", "Session", "create_pool", "model_written", "replay", "run_calls"]
 
@@ -69,10 +65,12 @@ class Pool(WorkerSlots):
         """A fresh session of `env`: its code loaded, its initial state in place. Raises EnvLoadError."""
         if self._closed:
             raise SandboxError("the sandbox pool is shut down")
-        if self.backend == "process" and not self.cfg.process_allows_model_code and model_written(env):
+        if (not self.launcher.capabilities.isolates_model_code and not self.cfg.process_allows_model_code
+                and model_written(env)):
             raise UntrustedCodeRefused(
-                f"environment {env.name!r} has model-written code and the process sandbox backend cannot isolate it "
-                "well (docs/SANDBOX.md): start Docker (scripts/start-docker.sh) or set sandbox.process_allows_model_code")
+                f"environment {env.name!r} has model-written code and the {self.backend} sandbox backend cannot "
+                "isolate it well (docs/SANDBOX.md): start Docker (scripts/start-docker.sh) or set "
+                "sandbox.process_allows_model_code")
         placement = await self.place(env) if env.requirements else (None, None)
         session = Session(id=f"s{next(self._sids)}", env=env, template=self.template(env, placement),
                           opened_at=time.monotonic())
@@ -245,47 +243,17 @@ class Pool(WorkerSlots):
         }
 
 
-LAUNCHERS = {"docker": docker_launcher, "process": ProcessLauncher}
-
-
 async def create_pool(cfg: SandboxConfig | None = None) -> Pool:
-    """A started pool. backend auto: docker when an engine answers (and its image builds), else process (warned)."""
+    """A started pool on the backend `cfg.backend` names (`launchers.open_launcher`: auto is docker when an engine
+    answers, else process, warned)."""
     cfg = cfg or SandboxConfig()
-    backend = cfg.backend
-    if backend == "auto":
-        engines = cfg.engines or [None]
-        answers = await asyncio.gather(*(asyncio.to_thread(docker_engine_answers, url) for url in engines))
-        backend = "docker" if any(answers) else "process"
-        if backend == "process":
-            log.warning(
-                "no Docker engine answers: using the process sandbox backend (weaker isolation, docs/SANDBOX.md); "
-                "run scripts/start-docker.sh for containers"
-            )
-    try:
-        launcher = await _prepare(backend, cfg)
-    except SandboxError as err:
-        if cfg.backend != "auto" or backend != "docker":
-            raise
-        log.warning("the docker sandbox backend is unusable (%s): falling back to the process backend", err)
-        launcher = await _prepare("process", cfg)
-    pool = Pool(cfg, launcher)
+    pool = Pool(cfg, await open_launcher(cfg))
     try:
         await pool.start()
     except BaseException:
         await pool.shutdown()
         raise
     return pool
-
-
-async def _prepare(backend: str, cfg: SandboxConfig) -> Launcher:
-    launcher = LAUNCHERS[backend](cfg)
-    try:
-        await launcher.prepare()
-    except SandboxError:
-        raise
-    except Exception as err:  # noqa: BLE001 - the engine's own errors are translated at this boundary
-        raise SandboxError(f"cannot prepare the {backend} sandbox backend: {err}") from err
-    return launcher
 
 
 async def run_calls(

@@ -57,7 +57,7 @@ class WorkerSlots:
         await asyncio.gather(*(self._worker(i) for i in range(self.cfg.pool_size)))
         info = dict(next((w.info for w in self.workers if w is not None), {}))  # each worker measures its own
         self.info = {"backend": self.backend, **info}
-        if self.backend == "process":
+        if self.launcher.capabilities.runs_on_host:
             if not info.get("namespaces"):
                 log.warning("process sandbox: no private namespaces per session (needs root or user namespaces): "
                             "sessions share /tmp and the network namespace")
@@ -93,12 +93,10 @@ class WorkerSlots:
             "uid_base": random.randrange(100_000 // UID_SLOTS + 1, 2_000_000_000 // UID_SLOTS) * UID_SLOTS
             if self.launcher.can_setuid else 0,
             "uid_slots": UID_SLOTS,
-            "unshare_net": self.backend == "process",
-            "bind_shared": self.backend == "process",
+            "unshare_net": not self.launcher.capabilities.isolates_network,
+            "bind_shared": self.launcher.capabilities.runs_on_host,
             "spares": cfg.spare_sessions,
-            # CPU groups only inside a container: on the process backend a group of the worker's own would leave the
-            # pool's autogroup and weigh against it as an equal (`sandbox.nice` is how that is weighed there)
-            "cgroups_wanted": (["memory", "pids"] + (["cpu"] if self.backend == "docker" else []))
+            "cgroups_wanted": (["memory", "pids"] + (["cpu"] if self.launcher.capabilities.session_cpu_groups else []))
             if cfg.session_cgroups else [],
         }
 

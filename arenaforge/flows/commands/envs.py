@@ -89,6 +89,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
          code: bool = typer.Option(True, "--code/--no-code", help="Print the tool code.")) -> None:
     """Print one environment: tools, code, QA graph, gold calls and verification."""
     from arenaforge.schemas.models import QAInstance
+    from arenaforge.tasks.envs.evidence import kind_of
 
     wh = state(ctx).warehouse()
     env = _load_env(wh, env_id)
@@ -101,7 +102,8 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
     if qa is not None:
         console.print(f"[bold]QA graph[/bold] ({qa.structure}, {qa.hop_level} hops): {qa.main_question} -> {qa.main_answer}")
         print_rows(["#", "depends on", "question", "answer", "tool", "evidence"],
-                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool, s.evidence.summary() if s.evidence else "")
+                   [(s.index, ",".join(map(str, s.depends_on)) or "-", s.question, s.answer, s.needs_tool,
+                     kind_of(s.evidence).summary(s.evidence) if s.evidence else "")
                     for s in qa.sub_qas], width=60)
     print_rows(["sub-QA", "call", "gold answer"],
                [(c.sub_qa, f"{c.tool}({json.dumps(c.arguments)})", c.answer) for c in env.calls], title="gold calls", width=70)

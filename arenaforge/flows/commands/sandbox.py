@@ -33,7 +33,7 @@ def build_image_cmd(
     import logging
 
     from arenaforge.environments.runtime.image import build_image
-    from arenaforge.environments.runtime.transports import docker_client, docker_engine_answers
+    from arenaforge.environments.runtime.docker_backend import docker_client, docker_engine_answers
     from arenaforge.schemas.errors import SandboxError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

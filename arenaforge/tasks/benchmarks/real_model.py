@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.models import ChatMessage, Environment, QAInstance
+from arenaforge.tasks.envs.evidence import Lookup, kind_of
 from arenaforge.tasks.models.local_engine import EngineSettings, free_port, local_engine
 from arenaforge.tasks.sft.grounded_arguments import invented_argument
 from arenaforge.warehouse.db import Warehouse
@@ -113,7 +114,7 @@ def _recheck(wh: Warehouse) -> dict[str, Any]:
     for qa in qas:
         for sub in qa.sub_qas:
             ev = sub.evidence
-            if ev is None or ev.kind != "lookup":
+            if ev is None or not isinstance(kind_of(ev), Lookup):
                 continue
             got = con.execute(f'SELECT "{ev.column}" FROM "{ev.table}" WHERE CAST("{ev.key}" AS VARCHAR) = ?',
                               [str(ev.value)]).fetchall()

@@ -135,7 +135,7 @@ async def main(
 
     from arenaforge.environments.runtime import create_pool, image_ref
     from arenaforge.environments.runtime.image import WORKER_COMMAND, worker_argv
-    from arenaforge.environments.runtime.transports import docker_engine_answers
+    from arenaforge.environments.runtime.docker_backend import docker_engine_answers
     from arenaforge.schemas.config import load_config
     from arenaforge.schemas.models import Environment, FunctionDoc
 

@@ -27,8 +27,8 @@ from typing import Any
 from arenaforge.schemas.models import Evidence, FunctionDoc, GoldCall, QAInstance, SubQA
 from arenaforge.tasks.envs.answers import fmt_value, same_answer
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
-from arenaforge.tasks.envs.tool_code import code_from_evidence
-from arenaforge.tasks.envs.tool_data import Probe, ToolData, tool_data, typed
+from arenaforge.tasks.envs.evidence import kind_of, tool_data
+from arenaforge.tasks.envs.tool_data import Probe, ToolData, typed
 from arenaforge.tasks.envs.tool_impl import BuildError, ToolImpl, args_valid, check_doc, stdlib_only
 from arenaforge.tasks.models import ChatModel, NoAnswer, Step, complete_json, reads_prompts
 from arenaforge.tasks.prompts import load_prompt
@@ -56,7 +56,6 @@ IMPL_SCHEMA: dict[str, Any] = {
         "call": {"type": "object", "required": ["arguments"], "properties": {"arguments": {"type": "object"}}},
     },
 }
-_RETURNS = {"lookup": "object", "count": "integer", "sum": "number"}
 TOOL_CODE_MODES = ("model", "evidence")
 IMPLEMENT_TOOL = Step("envs.implement_tool", prompt="envs_implement_tool", schema=IMPL_SCHEMA, max_tokens=1200,
                       offline=lambda: _offline_rules().implement_tool)
@@ -93,19 +92,10 @@ class ToolInputs:
 
 def signature(evidence: Evidence, doc: FunctionDoc) -> str:
     """Operation + required argument types + return type: equal signatures are merge candidates."""
-    what = evidence.table if evidence.kind == "count" else f"{evidence.table}.{evidence.column}"
+    kind = kind_of(evidence)
     props = doc.parameters.get("properties", {})
     types = ",".join(str(props.get(name, {}).get("type", "any")) for name in doc.parameters.get("required", []))
-    return f"{evidence.kind}:{what}:by:{evidence.key}:{types}->{_RETURNS.get(evidence.kind, 'object')}"
-
-
-def describe(evidence: Evidence) -> str:
-    """The evidence as the tool-writing prompts state it."""
-    if evidence.kind == "lookup":
-        return f"the {evidence.column} of the {evidence.table} row whose {evidence.key} is given"
-    if evidence.kind == "count":
-        return f"the number of {evidence.table} rows whose {evidence.key} is given"
-    return f"the total {evidence.column} of the {evidence.table} rows whose {evidence.key} is given (2 decimals)"
+    return f"{evidence.kind}:{kind.target(evidence)}:by:{evidence.key}:{types}->{kind.returns}"
 
 
 class ToolBuilder:
@@ -142,7 +132,7 @@ class ToolBuilder:
             else DOC_SCHEMA
         raw = await self._ask(TOOL_DOC, lambda: self.p_doc.render(
             main_question=qa.main_question, question=sub.question, answer=sub.answer, other_tools=others,
-            computes=describe(ev), key=ev.key, key_type=data.key_type), doc_schema, seed, inputs)
+            computes=kind_of(ev).computes(ev), key=ev.key, key_type=data.key_type), doc_schema, seed, inputs)
         base = check_doc(raw)
         if by_evidence:
             return self._from_evidence(qa, sub, base, data)
@@ -155,7 +145,7 @@ class ToolBuilder:
         note = f"A previous implementation failed: {feedback}\nFix it." if feedback else ""
         impl = await self._ask(IMPLEMENT_TOOL, lambda: self.p_impl.render(
             tool=doc.model_dump_json(), question=sub.question, answer=sub.answer, feedback=note, name=doc.name,
-            computes=describe(ev), layout=data.layout, sample=data.sample(), key=ev.key, value=ev.value),
+            computes=kind_of(ev).computes(ev), layout=data.layout, sample=data.sample(), key=ev.key, value=ev.value),
             IMPL_SCHEMA, seed, inputs)
         bad = stdlib_only(impl["code"])
         if bad:
@@ -181,7 +171,7 @@ class ToolBuilder:
                         written_by=dict.fromkeys(("tool_docs", "tool_code"), _writer(self.model)))
 
     def _from_evidence(self, qa: QAInstance, sub: SubQA, doc: FunctionDoc, data: ToolData) -> ToolImpl:
-        """The model's document over the program's code (`tool_code.code_from_evidence`); the gold call passes the
+        """The model's document over the program's code (`EvidenceKind.code`); the gold call passes the
         evidence's key value, the probes the data's other keys, as for a model's code."""
         ev = data.evidence
         key = ev.key or ""
@@ -193,7 +183,7 @@ class ToolBuilder:
             with contextlib.suppress(ValueError):  # a key the parameter type cannot hold
                 probes.append(Probe({key: typed(value, data.key_type)}, answer))
         call = GoldCall(tool=doc.name, arguments=args, sub_qa=sub.index, answer=sub.answer)
-        code = textwrap.dedent(code_from_evidence(data, doc.name))
+        code = textwrap.dedent(kind_of(ev).code(data, doc.name))
         return ToolImpl(doc, code, data.data, signature(ev, doc), [call], probes, origin=self.model.kind,
                         written_by={"tool_docs": _writer(self.model), "tool_code": "program"})
 

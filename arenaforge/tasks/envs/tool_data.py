@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arenaforge.environments.reward import answer_matches
-from arenaforge.schemas.models import Evidence, QAInstance, SubQA
+from arenaforge.schemas.models import Evidence, SubQA
 from arenaforge.tasks.envs.answers import fmt_value, same_answer
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.envs.tool_impl import BuildError
@@ -107,27 +107,10 @@ def typed(value: Any, ptype: str) -> Any:
     return str(value)
 
 
-def tool_data(source: KnowledgeSource, qa: QAInstance, sub: SubQA, rng: random.Random) -> ToolData:
-    """The data of the tool that answers `sub`, from the source; BuildError when its evidence has no tool shape."""
-    ev = sub.evidence
-    if ev is None or ev.kind not in ("lookup", "count", "sum", "span"):
-        raise BuildError("no_evidence", f"sub-QA {sub.index} has no evidence a tool can be built from")
-    if ev.kind == "span":  # a text source: the tool looks passages up by id
-        from arenaforge.tasks.envs.grounding import PASSAGES
-
-        ev = Evidence(kind="lookup", table=PASSAGES, key=source.tables[PASSAGES].key, value=ev.passage, column="text")
-    if ev.table not in source.tables:
-        raise BuildError("unknown_table", f"table {ev.table} is not in source {source.name}")
-    # other records must not answer this sub-QA, nor any other of the QA (parallel lookups share a tool)
-    avoid = [s.answer for s in qa.sub_qas if s.needs_tool]
-    if ev.kind == "lookup":
-        exact = sub.evidence is not None and sub.evidence.kind == "lookup"  # a span's answer is inside the passage
-        return _keyed(source, ev, sub, rng, avoid, exact)
-    return _grouped(source, ev, sub, rng, avoid)
-
-
-def _keyed(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random, avoid: list[str],
-           exact: bool) -> ToolData:
+def keyed_data(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random, avoid: list[str],
+               exact: bool) -> ToolData:
+    """The `keyed` layout: the gold record and others whose answers are not in `avoid`; `exact`: the sub-answer is
+    the whole value (a lookup), else inside it (a span's passage)."""
     t = source.tables[ev.table or ""]
     column, key = ev.column or "", ev.key or ""
     extras = [a for a in t.attributes if a not in (column, key)][:3]
@@ -159,7 +142,8 @@ def _keyed(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random
     return ToolData(ev, "keyed", data, ktype, others, extras)
 
 
-def _filter_column(source: KnowledgeSource, ev: Evidence) -> str | None:
+def filter_column(source: KnowledgeSource, ev: Evidence) -> str | None:
+    """A low-cardinality text column of the evidence's table a count may filter on, if any."""
     t = source.tables[ev.table or ""]
     for a in t.attributes:
         col = t.column(a)
@@ -168,10 +152,12 @@ def _filter_column(source: KnowledgeSource, ev: Evidence) -> str | None:
     return None
 
 
-def _grouped(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random, avoid: list[str]) -> ToolData:
+def grouped_data(source: KnowledgeSource, ev: Evidence, sub: SubQA, rng: random.Random, avoid: list[str],
+                 measure: str | None, filter_by: str | None) -> ToolData:
+    """The `rows` layout: the gold key's rows and other keys' whose aggregate (the total of `measure`, or the
+    row count without one) is not in `avoid`; `filter_by`: a column the tool may filter on."""
     table_name, key = ev.table or "", ev.key or ""
-    measure = ev.column if ev.kind == "sum" else None
-    flt = _filter_column(source, ev) if ev.kind == "count" else None
+    flt = filter_by
     table = table_rows(source, table_name)
     groups = table.by(key)
     mi = table.columns.index(measure) if measure else None

@@ -51,12 +51,12 @@ CHECKS = ("dependency_consistency", "sub_question_atomicity", "sequential_ration
 
 @dataclass(frozen=True)
 class KeepRule:
-    kind: str = "threshold"  # or "percentile"
+    mode: str = "threshold"  # or "percentile"
     threshold: float = 0.75
     percentile: float = 85.0
 
     def cutoff(self, scores: list[float]) -> float:
-        if self.kind == "threshold" or not scores:
+        if self.mode == "threshold" or not scores:
             return self.threshold
         ordered = sorted(scores)
         rank = (len(ordered) - 1) * self.percentile / 100.0
@@ -64,7 +64,7 @@ class KeepRule:
         return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
 
     def describe(self, cutoff: float) -> str:
-        return f"qs>={cutoff:g}" if self.kind == "threshold" else f"qs>=p{self.percentile:g} ({cutoff:.3f})"
+        return f"qs>={cutoff:g}" if self.mode == "threshold" else f"qs>=p{self.percentile:g} ({cutoff:.3f})"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall, ToolObservation
 from arenaforge.tasks.policy.base import PolicyEngine, SamplingParams
 from arenaforge.tasks.policy.constrained import tool_specs
+from arenaforge.tasks.rollout.graders import grader_for
 
 IM_END = "<|im_end|>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -145,24 +146,9 @@ def prompt_token_ids(tokenizer: Any, env: Environment, messages: Sequence[ChatMe
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
-ADDED_TOOLS_PROMPT = "I have updated some more functions you can choose from. What about now?"  # BFCL's words
-
-
 def user_turns(env: Environment) -> list[str]:
-    """The user's messages, one per user turn: the question, or an imported multi-turn suite's turns (a turn with no
-    message that reveals tools says so, as BFCL does)."""
-    native = env.native
-    if native is None or native.kind != "bfcl_multi_turn" or not native.turns:
-        return [env.question or "Answer the question using the tools."]
-    out = []
-    for index, turn in enumerate(native.turns):
-        text = "\n".join(str(m.get("content", "")) for m in turn.get("messages", []) if m.get("role") == "user")
-        revealed = [t for t in env.tools if env.tool_turns.get(t.name) == index and index > 0]
-        if revealed:
-            docs = json.dumps([t.as_openai_tool() for t in revealed], ensure_ascii=False)
-            text = f"{text}\n\n{ADDED_TOOLS_PROMPT}\n{docs}".strip() if text else f"{ADDED_TOOLS_PROMPT}\n{docs}"
-        out.append(text)
-    return out
+    """The user's messages, one per user turn: the question, or an imported multi-turn suite's turns (its grader's)."""
+    return grader_for(env).user_turns(env)
 
 
 def render_user_turn(text: str) -> str:
@@ -177,10 +163,10 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
     An imported multi-turn suite's later user turns follow the assistant's final answer of the turn before (or its
     last allowed step: `max_turns` assistant turns per user turn); its tools appear at their turn. With a native
     check, the suite's own verdict is taken from the session (`Pool.state`) before it closes."""
-    from arenaforge.environments.native import bfcl_turn_verdict, result_text, state_hash_verdict
+    from arenaforge.environments.native import result_text
 
-    native = env.native
-    prompts = user_turns(env)
+    grader = grader_for(env)
+    prompts = grader.user_turns(env)
     messages = initial_messages(env, cfg.system_prompt)
     if len(prompts) > 1:
         messages[-1] = ChatMessage(role="user", content=prompts[0])
@@ -275,18 +261,10 @@ async def run_episode(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, e
                 mask += [0] * len(obs_ids)
                 logprobs += [0.0] * len(obs_ids)
             results += turn_results
-            if native is not None and native.kind == "bfcl_multi_turn" and (verdict is None or verdict.passed):
-                verdict = bfcl_turn_verdict(native, user_turn, await pool.state(session), turn_results, results)
+            verdict = await grader.after_turn(env, pool, session, user_turn, turn_results, results, verdict)
             if ended:
                 break
-        if native is not None and native.kind == "bfcl_multi_turn":
-            for later in range(user_turn + 1, len(prompts)):  # turns the budget never reached: no response in them
-                if verdict is None or verdict.passed:
-                    verdict = bfcl_turn_verdict(native, later, None, [], results)
-        if native is not None and native.kind == "state_hash":
-            verdict = state_hash_verdict(native, await pool.state(session))
-        if native is not None and native.kind == "harbor_tests":  # the task's own tests, in its container
-            verdict = await pool.verdict(session)
+        verdict = await grader.after_episode(env, pool, session, user_turn, results, verdict)
     except SandboxError as err:
         status, failure, verdict = "env_failure", f"call: {err}", None
     finally:

@@ -180,7 +180,7 @@ async def run_episodes(tasks: Sequence[Task], servers: dict[str, Server], tools:
             batch.trajectories.append(Trajectory(
                 task_id=task.id, server=task.server, messages=episode.messages,
                 tools=[t.function for t in server_tools], executor=executor.kind,  # type: ignore[arg-type]
-                fault_rate=cfg.sft.fault_rate if executor.kind == "simulator" else 0.0,
+                fault_rate=executor.fault_rate,
                 faults_injected=log.faults, tool_calls=episode.tool_calls, final_answer=episode.final_answer,
                 parents=[task.id], run_id=run_id, provenance=provenance))
 

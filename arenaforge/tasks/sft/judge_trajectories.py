@@ -124,7 +124,7 @@ async def judge_trajectories(trajectories: Sequence[Trajectory], tasks: dict[str
         # a model judge's word alone keeps nothing: the conversation itself must show a grounded answer (rules
         # compute their dimensions from the conversation already); with grounded arguments, no judge keeps a call
         # on an identifier or number that no message gave
-        unsupported = ((ungrounded(t) if judge.kind == "model" else None)
+        unsupported = ((ungrounded(t) if judge.model.decides_by == "model" else None)
                        or (invented_argument(t.messages) if grounded_arguments else None))
         if unsupported:
             rationale = f"not kept whatever the judge says: {unsupported}. Judge: {rationale}"

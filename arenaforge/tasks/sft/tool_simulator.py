@@ -193,6 +193,7 @@ class SessionLog:
 
 class ToolExecutor(Protocol):
     kind: str
+    fault_rate: float  # faults it injects per call (a simulator's; real tools inject none)
     log: SessionLog
 
     async def call(self, name: str, arguments: dict[str, Any]) -> CallResult: ...
@@ -332,6 +333,7 @@ class McpExecutor:
     """The real MCP server (one process per episode)."""
 
     kind = "mcp"
+    fault_rate = 0.0
 
     def __init__(self, session: McpSession) -> None:
         self.session = session
@@ -347,6 +349,7 @@ class SandboxExecutor:
     """Tool code run in the sandbox runtime (arenaforge.environments.runtime)."""
 
     kind = "sandbox"
+    fault_rate = 0.0
 
     def __init__(self, pool: Any, session: Any) -> None:
         self.pool = pool

@@ -1,0 +1,225 @@
+"""The docker backend: workers as long-lived containers on one Docker engine (no network, read-only root, tmpfs
+scratch, capped memory/pids/CPU), reached through the container's attached stdio. Several engines: `engines.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from typing import Any
+
+from arenaforge.environments.runtime.deps import derived_image
+from arenaforge.environments.runtime.image import PYTHON_VERSION, WORKER_COMMAND, build_image
+from arenaforge.environments.runtime.transports import STREAM_LIMIT, Capabilities, Transport
+from arenaforge.schemas.config import SandboxConfig
+from arenaforge.schemas.errors import SandboxError
+
+log = logging.getLogger("arenaforge.sandbox")
+
+POOL_LABEL = "arenaforge.sandbox"
+
+
+class DockerTransport:
+    """The worker's stdin/stdout through the engine's attach stream (stdout arrives in 8-byte-header frames)."""
+
+    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Any,
+                 engine: str = "") -> None:
+        self.container = container
+        self.engine = engine  # the engine's address ("" for the default one)
+        self.name = f"docker-{container.short_id}"
+        self.reader = reader
+        self.writer = writer
+        self.raw = raw
+        self.lines = bytearray()
+        self.eof = False
+        self.killed = False
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def buffered(self) -> int:
+        return self.writer.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def _frame(self) -> bytes:
+        header = await self.reader.readexactly(8)
+        stream, size = header[0], struct.unpack(">I", header[4:])[0]
+        payload = await self.reader.readexactly(size)
+        return payload if stream == 1 else b""
+
+    async def readline(self) -> bytes:
+        while True:
+            cut = self.lines.find(b"\n")
+            if cut >= 0:
+                line = bytes(self.lines[: cut + 1])
+                del self.lines[: cut + 1]
+                return line
+            if self.eof or len(self.lines) > STREAM_LIMIT:
+                return b""
+            try:
+                self.lines += await self._frame()
+            except (asyncio.IncompleteReadError, ConnectionError, OSError):
+                self.eof = True
+
+    @property
+    def live(self) -> bool:
+        return not (self.eof or self.killed)
+
+    async def ended(self) -> str:
+        return ""  # the engine removes the container (auto_remove): its status is not worth a round trip here
+
+    async def kill(self) -> None:
+        self.killed = True
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001 - the socket may already be gone
+            pass
+        await asyncio.to_thread(_remove_container, self.container)
+
+
+def _remove_container(container: Any) -> None:
+    import docker.errors
+    import requests
+
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as err:
+        if "already in progress" not in str(err):
+            log.warning("could not remove container %s: %s", container.short_id, err)
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as err:  # its engine is gone
+        log.info("could not reach the engine to remove container %s: %s", container.short_id, err)
+
+
+class EngineUnreachable(SandboxError):
+    """A Docker engine did not answer at all (its daemon stopped or its socket is gone), as opposed to refusing."""
+
+
+def docker_client(timeout: int = 60, base_url: str | None = None) -> Any:
+    import docker
+
+    if base_url:
+        return docker.DockerClient(base_url=base_url, timeout=timeout)
+    return docker.from_env(timeout=timeout)
+
+
+def docker_engine_answers(base_url: str | None = None) -> bool:
+    try:
+        client = docker_client(timeout=5, base_url=base_url)
+        client.ping()
+        client.close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to reach the engine means "no engine"
+        return False
+
+
+
+
+class DockerLauncher:
+    """Workers as long-lived containers: no network, read-only root, tmpfs scratch, capped memory/pids/CPU."""
+
+    backend = "docker"
+    capabilities = Capabilities(isolates_model_code=True, isolates_network=True, runs_on_host=False,
+                                session_cpu_groups=True)
+    scratch_root = "/tmp"
+    can_setuid = True
+    hide_paths: list[str] = []
+
+    def __init__(self, cfg: SandboxConfig, base_url: str | None = None) -> None:
+        self.cfg = cfg
+        self.base_url = base_url  # None: the engine DOCKER_HOST or the default socket names
+        self.client: Any = None
+        self.image = ""
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def prepare(self) -> None:
+        if self.client is None:
+            self.client = await asyncio.to_thread(docker_client, 60, self.base_url)
+        self.image = await asyncio.to_thread(build_image, self.client, self.cfg.image)
+        await asyncio.to_thread(self._reap_stale)
+
+    def _reap_stale(self) -> None:
+        """Remove containers left by pools of processes that died on this host."""
+        host = socket.gethostname()
+        # sparse: no inspect per container, which fails when another pool's container goes away meanwhile
+        for container in self.client.containers.list(all=True, filters={"label": POOL_LABEL}, sparse=True):
+            owner = (container.attrs.get("Labels") or {}).get(POOL_LABEL, "")
+            owner_host, _, pid = owner.rpartition(":")
+            if owner_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+                _remove_container(container)
+
+    async def place(self, requirements: list[str]) -> tuple[str | None, str]:
+        return await asyncio.to_thread(derived_image, self.client, self.image, requirements, PYTHON_VERSION)
+
+    def _create(self, index: int, image: str) -> tuple[Any, Any]:
+        cfg = self.cfg
+        api = self.client.api
+        host_config = api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.scratch_mb}m,mode=1733"},
+            mem_limit=f"{cfg.container_memory_mb}m",
+            memswap_limit=f"{cfg.container_memory_mb}m",
+            pids_limit=cfg.container_pids,
+            nano_cpus=int(cfg.cpus * 1e9),
+            cap_drop=["ALL"],
+            # SETUID/SETGID: to drop each session to its own uid; SYS_ADMIN: to give each session private mounts,
+            # IPC and network; sessions themselves hold no capability and a seccomp filter refuses those syscalls
+            cap_add=["SETUID", "SETGID", "SYS_ADMIN"],
+            security_opt=["no-new-privileges"],
+            auto_remove=True,
+            ipc_mode="private",
+            # its own cgroup tree as root: the worker mounts it to give each session a group (worker/cgroups.py),
+            # and sees nothing of the host's
+            cgroupns="private",
+        )
+        created = api.create_container(
+            image,
+            command=WORKER_COMMAND,
+            stdin_open=True,
+            detach=False,  # with stdin_open: StdinOnce, so the worker sees EOF (and exits) when the pool detaches
+            tty=False,
+            environment={},
+            user="0",
+            working_dir="/tmp",
+            labels={POOL_LABEL: self.owner, "arenaforge.worker": str(index)},
+            host_config=host_config,
+        )
+        container = self.client.containers.get(created["Id"])
+        sock = api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
+        raw = getattr(sock, "_sock", sock)
+        api.start(container.id)
+        return container, raw
+
+    async def launch(self, index: int, image: str | None = None) -> Transport:
+        import docker.errors
+        import requests
+
+        try:
+            container, raw = await asyncio.to_thread(self._create, index, image or self.image)
+        except requests.exceptions.ConnectionError as err:
+            raise EngineUnreachable(f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+            raise SandboxError(f"cannot start a sandbox container: {err}") from err
+        raw.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
+        return DockerTransport(container, reader, writer, raw, self.base_url or "")
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await asyncio.to_thread(self.client.close)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

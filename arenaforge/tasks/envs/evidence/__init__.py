@@ -1,0 +1,38 @@
+"""Evidence kinds: each kind of `Evidence` (schemas/models.py, plain data whose ids never change) is one class here
+with its own summary, grounding on the knowledge source, tool data, tool code and template document.
+
+Callers ask `kind_of(evidence)` and call the method; none compares `evidence.kind`. Adding a kind: a module with
+its `EvidenceKind` subclass plus one line in `KINDS` (and its name in `Evidence.kind`, which the decomposition
+answer schema lists: `decompose_qa.py`).
+"""
+
+from __future__ import annotations
+
+import random
+
+from arenaforge.schemas.models import Evidence, QAInstance, SubQA
+from arenaforge.tasks.envs.evidence.base import PASSAGES, EvidenceKind, Ungrounded
+from arenaforge.tasks.envs.evidence.compare import Compare
+from arenaforge.tasks.envs.evidence.count import Count
+from arenaforge.tasks.envs.evidence.lookup import Lookup
+from arenaforge.tasks.envs.evidence.span import Span
+from arenaforge.tasks.envs.evidence.sum import Sum
+from arenaforge.tasks.envs.knowledge import KnowledgeSource
+from arenaforge.tasks.envs.tool_data import ToolData
+from arenaforge.tasks.envs.tool_impl import BuildError
+
+__all__ = ["KINDS", "PASSAGES", "EvidenceKind", "Lookup", "Ungrounded", "kind_of", "tool_data"]
+
+KINDS: dict[str, EvidenceKind] = {kind.name: kind for kind in (Lookup(), Count(), Sum(), Span(), Compare())}
+
+
+def kind_of(evidence: Evidence) -> EvidenceKind:
+    """The class that knows how `evidence` behaves."""
+    return KINDS[evidence.kind]
+
+
+def tool_data(source: KnowledgeSource, qa: QAInstance, sub: SubQA, rng: random.Random) -> ToolData:
+    """The data of the tool that answers `sub`, from the source; BuildError when its evidence has no tool shape."""
+    if sub.evidence is None:
+        raise BuildError("no_evidence", f"sub-QA {sub.index} has no evidence a tool can be built from")
+    return kind_of(sub.evidence).data(source, qa, sub, rng)

@@ -1,0 +1,41 @@
+"""The evidence-kind registry: one class per kind of `Evidence`, asked instead of comparing `evidence.kind`."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from arenaforge.schemas.models import Evidence
+from arenaforge.tasks.envs.evidence import KINDS, kind_of
+from arenaforge.tasks.envs.tool_impl import BuildError
+
+
+def test_every_kind_the_record_allows_has_its_class() -> None:
+    allowed = typing.get_args(Evidence.model_fields["kind"].annotation)
+    assert list(KINDS) == list(allowed)
+    assert all(KINDS[name].name == name for name in allowed)
+
+
+@pytest.mark.parametrize(("evidence", "line"), [
+    (Evidence(kind="lookup", table="customers", key="customer_id", value="CU107", column="city"),
+     "lookup customers.city by customer_id = CU107"),
+    (Evidence(kind="count", table="orders", key="customer_id", value="CU107"), "count orders by customer_id = CU107"),
+    (Evidence(kind="sum", table="orders", key="customer_id", value="CU107", column="amount"),
+     "sum orders.amount by customer_id = CU107"),
+    (Evidence(kind="span", passage="p3", text="in 1912"), "span of passage p3: 'in 1912'"),
+    (Evidence(kind="compare", of=[1, 2], labels=["a", "b"], op="max"), "max of sub-QAs [1, 2] (a, b)"),
+])
+def test_each_kind_summarises_itself(evidence: Evidence, line: str) -> None:
+    assert kind_of(evidence).summary(evidence) == line
+
+
+def test_a_reasoning_step_makes_no_tool() -> None:
+    from arenaforge.schemas.models import QAInstance, SubQA
+
+    sub = SubQA(index=3, question="which?", answer="a", depends_on=[1, 2], needs_tool=False,
+                evidence=Evidence(kind="compare", of=[1, 2], labels=["a", "b"], op="max"))
+    qa = QAInstance.model_construct(sub_qas=[sub])
+    with pytest.raises(BuildError, match="no evidence a tool can be built from"):
+        kind_of(sub.evidence).data(None, qa, sub, None)  # type: ignore[arg-type]
+    assert [KINDS[k].returns for k in ("lookup", "count", "sum")] == ["object", "integer", "number"]
