@@ -42,7 +42,7 @@ def shared_data() -> Path:
 
 @pytest.fixture
 def scripted_openai() -> Iterator["ScriptedOpenAI"]:  # noqa: F821
-    from arenaforge.tasks.benchmarks.scripted_openai import ScriptedOpenAI
+    from arenaforge.testing.scripted_openai import ScriptedOpenAI
 
     server = ScriptedOpenAI()
     server.start()

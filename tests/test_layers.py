@@ -11,14 +11,17 @@ from typing import Any
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "arenaforge"
-LAYERS = {"flows", "tasks", "environments", "schemas", "warehouse"}
+LAYERS = {"flows", "tasks", "testing", "environments", "schemas", "warehouse"}
 ALLOWED = {
     "flows": {"flows", "tasks", "schemas", "warehouse", "environments"},
+    "testing": {"testing", "tasks", "environments", "warehouse", "schemas"},
     "tasks": {"tasks", "environments", "warehouse", "schemas"},
     "environments": {"environments", "schemas"},
     "warehouse": {"warehouse", "schemas"},
     "schemas": {"schemas"},
 }
+# test doubles (arenaforge/testing/) serve benchmarks and tests; the product never imports them
+MAY_IMPORT_TEST_DOUBLES = ("tasks/benchmarks/",)
 FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefect"}, "warehouse": {"prefect"},
                          "schemas": {"prefect", "duckdb"}}
 
@@ -69,6 +72,8 @@ def test_package_imports_only_lower_layers(package):
     bad = []
     for path in _modules(package):
         imported = _imports(path)
+        if str(path.relative_to(PACKAGE)).startswith(MAY_IMPORT_TEST_DOUBLES):
+            imported.discard("testing")
         for name in imported & LAYERS - ALLOWED[package]:
             bad.append(f"{path.relative_to(PACKAGE)} imports {name}")
         for name in imported & FORBIDDEN_THIRD_PARTY.get(package, set()):
@@ -87,6 +92,10 @@ def test_the_rules_see_a_violation(tmp_path):
     hidden.write_text('import importlib\nimportlib.import_module(f"arenaforge.flows.commands.{name}")\n'
                       '__import__("arenaforge.tasks.offline")\n')
     assert _imports(hidden) & LAYERS - ALLOWED["environments"] == {"flows", "tasks"}
+    # and a stage that reaches for a test double
+    double = tmp_path / "double.py"
+    double.write_text("from arenaforge.testing.scripted_policy import ScriptedEngine\n")
+    assert _imports(double) & LAYERS - ALLOWED["tasks"] == {"testing"}
 
 
 # Inside tasks/, the model layer (tasks/models/) sits under every stage: stages declare their steps and bring
@@ -185,6 +194,7 @@ _MAY_HOLD_SQL = {
     "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
     "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
     "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
+    "testing/envs_responder.py": "a scripted model reads the knowledge source, as a model would",
 }
 _SQL_STATEMENT = re.compile(
     r"\s*(WITH\b.*\bSELECT\b|SELECT\b.*\bFROM\b|INSERT\s+(OR\s+\w+\s+)?INTO\b|UPDATE\s+\S+\s+SET\b|DELETE\s+FROM\b"

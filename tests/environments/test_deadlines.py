@@ -242,7 +242,7 @@ def _cmdline(pid: str) -> bytes:
 def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: PoolHandle) -> None:
     from transformers import AutoTokenizer
 
-    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.testing.scripted_policy import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
     from arenaforge.tasks.rollout.evaluate import summarise
     from tests.support.rl import call_text, tiny_env, tiny_model_path

@@ -118,7 +118,7 @@ def test_envs_flow_over_three_replicas_one_killed_matches_one_endpoint(prefect_s
     import threading
 
     from arenaforge.flows.envs_flows import EnvsParams, envs
-    from arenaforge.tasks.benchmarks.scripted_openai import Reply, ScriptedOpenAI
+    from arenaforge.testing.scripted_openai import Reply, ScriptedOpenAI
 
     def run(urls: list[str], db: Path) -> Warehouse:
         params = EnvsParams(

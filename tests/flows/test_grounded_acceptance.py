@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.models import Environment, QAInstance, Rejection
-from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
+from arenaforge.testing.scripted_openai import chat_completion
 from arenaforge.warehouse import Warehouse
 
 _LIES: list[dict[str, Any]] = [

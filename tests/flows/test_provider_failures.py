@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.tasks.benchmarks.scripted_openai import Reply
+from arenaforge.testing.scripted_openai import Reply
 from arenaforge.warehouse import Warehouse
 
 pytestmark = pytest.mark.prefect_server

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from arenaforge.schemas.config import ModelConfig, SandboxConfig
-from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder  # noqa: F401  (re-exported for tests)
+from arenaforge.testing.envs_responder import EnvsResponder  # noqa: F401  (re-exported for tests)
 
 
 def sandbox_cfg(**kw: Any) -> SandboxConfig:

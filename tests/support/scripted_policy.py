@@ -1,4 +1,4 @@
-"""Scripted agents behind the scripted OpenAI-compatible server (arenaforge.tasks.benchmarks.scripted_openai), for
+"""Scripted agents behind the scripted OpenAI-compatible server (arenaforge.testing.scripted_openai), for
 harnesses that drive a model over HTTP: each chat request is answered from the environment its first user message
 asks about, and from how many tool results the conversation already holds. Streamed requests (`"stream": true`,
 as verifiers' clients send) get the same reply as server-sent chat.completion.chunk events."""
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.testing.scripted_openai import Reply, chat_completion
 
 ANSWER = "That is all I found."
 

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from arenaforge.schemas.models import JudgeScore
-from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
+from arenaforge.testing.scripted_openai import chat_completion
 from arenaforge.tasks.sft.chains import CHAIN_TO_QUERY, PROPOSE_CHAINS, QUERY_TO_CHAIN, VERIFY_CHAIN
 from arenaforge.tasks.sft.judge_trajectories import JUDGE_TRAJECTORY
 from arenaforge.tasks.sft.score_queries import SCORE_QUERY

@@ -78,7 +78,7 @@ def test_a_variant_is_the_replay_of_the_renamed_environment_token_for_token():
     """The variant tokenizes exactly as a solving rollout in an environment that holds its fresh values."""
     from transformers import AutoTokenizer
 
-    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.testing.scripted_policy import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
     from arenaforge.tasks.train.sft import encode
 

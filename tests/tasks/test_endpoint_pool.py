@@ -19,7 +19,7 @@ import pytest
 
 from arenaforge.schemas.config import ModelConfig
 from arenaforge.schemas.errors import ConfigError, ProviderUnreachable
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, ScriptedOpenAI, chat_completion
+from arenaforge.testing.scripted_openai import Reply, ScriptedOpenAI, chat_completion
 from arenaforge.tasks.models import ChatRequest, open_chat_model
 from arenaforge.tasks.models.endpoint_pool import EndpointPool
 from arenaforge.warehouse import Warehouse

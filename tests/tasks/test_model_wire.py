@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from arenaforge.schemas.config import ModelConfig
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.testing.scripted_openai import Reply, chat_completion
 from arenaforge.tasks.models import ChatRequest, complete_json
 from arenaforge.tasks.sft.agent import AGENT
 from tests.support.models import http_model, http_step

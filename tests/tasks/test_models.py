@@ -17,7 +17,7 @@ from arenaforge.schemas.errors import (
     ProviderRefused,
     ProviderUnreachable,
 )
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.testing.scripted_openai import Reply, chat_completion
 from arenaforge.tasks.models import ChatRequest, complete_json
 from arenaforge.tasks.models.limiter import AdaptiveLimiter
 from arenaforge.tasks.sft.chains import PROPOSE_CHAINS

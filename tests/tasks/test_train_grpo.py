@@ -242,7 +242,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
     import asyncio
 
     from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
-    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.testing.scripted_policy import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
@@ -293,7 +293,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     their optimizer state from the trainer state."""
     from safetensors.torch import load_file
 
-    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.testing.scripted_policy import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool

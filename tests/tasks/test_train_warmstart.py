@@ -35,7 +35,7 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
     """Warm-start prompts are the rollout's prompts: the SFT sequence is the rollout's token sequence."""
     from transformers import AutoTokenizer
 
-    from arenaforge.tasks.policy.scripted import ScriptedEngine
+    from arenaforge.testing.scripted_policy import ScriptedEngine
     from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+from arenaforge.testing.scripted_endpoint import ScriptedEndpoint
 
 _ANSWER = ("import json\n"
            "answer = lambda req: chat_completion(content=json.dumps({'echo': req['messages'][-1]['content']}))")

@@ -32,7 +32,7 @@ from typing import Any
 from arenaforge.schemas.config import Config, ModelConfig, SandboxConfig
 from arenaforge.tasks.benchmarks import bench_warehouse_path
 from arenaforge.tasks.benchmarks import models as models_bench
-from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+from arenaforge.testing.scripted_endpoint import ScriptedEndpoint
 from arenaforge.warehouse.db import Warehouse
 
 
@@ -80,7 +80,7 @@ async def _offline(n: int, sources: list[str], shared_data: str | None, sandbox:
 # The envs prompts get the scripted model's answers; the bare model-layer reference run (step
 # "bench", see arenaforge/tasks/benchmarks/models.py) gets its one-field answer.
 _ANSWER = """
-from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder
+from arenaforge.testing.envs_responder import EnvsResponder
 envs = EnvsResponder()
 def answer(req):
     if ((req.get("response_format") or {}).get("json_schema") or {}).get("name") == "bench":

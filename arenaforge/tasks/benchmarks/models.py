@@ -1,6 +1,6 @@
 """`arenaforge bench models`: how well the openai backend keeps an endpoint's concurrency limit busy.
 
-The scripted OpenAI-compatible server (tasks/benchmarks/scripted_openai.py, real HTTP) runs in its
+The scripted OpenAI-compatible server (testing/scripted_openai.py, real HTTP) runs in its
 own process and answers every request after `latency_s`. The client sends `n` structured
 requests through the model-access layer (retries, AIMD limiter, schema validation, usage
 ledger). Reported:
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.tasks.benchmarks import real_model
-from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+from arenaforge.testing.scripted_endpoint import ScriptedEndpoint
 
 _ANSWER = "answer = lambda req: chat_completion(content='{\"city\": \"Oslo\"}')"
 

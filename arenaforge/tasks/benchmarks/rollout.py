@@ -29,7 +29,7 @@ from typing import Any
 
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment, FunctionDoc, RewardBreakdown, Rollout
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import Episode, RolloutConfig, run_episode, run_rollouts
 
 _CODE = '''

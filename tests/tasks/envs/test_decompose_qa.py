@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.testing.scripted_openai import Reply, chat_completion
 from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer, hop_level
 from arenaforge.tasks.envs.grounding import check_qa, source_answer
 from arenaforge.tasks.envs.knowledge import load_sample, load_tau2_retail

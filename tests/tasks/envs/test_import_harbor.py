@@ -22,7 +22,7 @@ from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment, Rejection
 from arenaforge.tasks.envs.export import export_environments
 from arenaforge.tasks.envs.import_harbor import read_task
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from arenaforge.tasks.benchmarks.scripted_openai import chat_completion
+from arenaforge.testing.scripted_openai import chat_completion
 from arenaforge.tasks.envs.decompose_qa import QASpec
 from arenaforge.tasks.envs.grounding import check_qa
 from arenaforge.tasks.envs.knowledge import load_sample

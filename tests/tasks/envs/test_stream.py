@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from arenaforge.schemas.config import load_config
-from arenaforge.tasks.benchmarks.scripted_endpoint import ScriptedEndpoint
+from arenaforge.testing.scripted_endpoint import ScriptedEndpoint
 from arenaforge.tasks.envs.pipeline import EnvsSpec
 from arenaforge.tasks.envs.stream import run_envs
 from arenaforge.tasks.run_scope import open_run_scope
@@ -22,7 +22,7 @@ from arenaforge.warehouse import Warehouse
 
 TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "distractor_sets", "rejections"]
 ANSWER = """
-from arenaforge.tasks.benchmarks.envs_responder import EnvsResponder
+from arenaforge.testing.envs_responder import EnvsResponder
 answer = EnvsResponder()
 """
 

@@ -18,7 +18,7 @@ import pytest
 from arenaforge.environments.reward import f1_reward
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.benchmarks.scripted_openai import ScriptedOpenAI
+from arenaforge.testing.scripted_openai import ScriptedOpenAI
 from arenaforge.tasks.envs.export import write_verifiers
 from arenaforge.tasks.rollout.episodes import user_turns
 from tests.support.envs_fakes import sandbox_cfg

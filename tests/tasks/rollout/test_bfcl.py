@@ -10,7 +10,7 @@ import types
 import pytest
 
 from arenaforge.schemas.models import FunctionDoc
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.bfcl import BfclUnavailable, ParsedCall, calls_match, evaluate_bfcl, load_bfcl
 from tests.support.requirements import require_bfcl_checker, require_shared_data
 from tests.support.rl import tiny_model_path

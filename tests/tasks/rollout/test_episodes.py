@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import (
     RolloutConfig,
     parse_tool_calls,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arenaforge.schemas.kinds_training import EvalRun
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from tests.support.rl import dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 

@@ -14,7 +14,7 @@ import pytest
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.policy.scripted import ScriptedEngine
+from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import RolloutConfig, user_turns
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection

@@ -12,7 +12,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, chat_completion
+from arenaforge.testing.scripted_openai import Reply, chat_completion
 
 if TYPE_CHECKING:
     from arenaforge.tasks.models import Step

@@ -15,7 +15,7 @@ from typing import Any
 
 _SERVER = """
 import json, sys
-from arenaforge.tasks.benchmarks.scripted_openai import Reply, ScriptedOpenAI, chat_completion
+from arenaforge.testing.scripted_openai import Reply, ScriptedOpenAI, chat_completion
 {setup}
 latency = float(sys.argv[1])
 def responder(req):
