@@ -242,15 +242,8 @@ async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] |
         warm = await warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
         path = warm["checkpoint"]
         await stage_eval("warm start", path)
-    run_cfg = GrpoRunConfig(
-        out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
-        delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
-        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
-        concurrency=params.concurrency, seed=params.seed, device=params.device, rollout=params.episode.rollout_config(params.seed),
-        grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs,
-                        skip_forced_tokens=params.skip_forced_tokens and params.engine == "hf",
-                        precision=params.precision, lora_rank=params.lora_rank),
-    )
+    run_cfg = GrpoRunConfig.from_params(params, out_dir=str(out), grpo=GrpoConfig.from_params(
+        params, skip_forced_tokens=params.skip_forced_tokens and params.engine == "hf"))
     factory = engine_factory(params.model_copy(update={"model_path": path}))
     structures = {env_id: row.stratum for env_id, row in
                   ensure_splits(wh, scheme=params.envs.scheme, test_share=params.envs.test_share,
@@ -347,13 +340,7 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
     if params.lora_rank or params.precision != "fp32":  # verl sets these in its own actor config, not ours
         raise InputError("train grpo: --lora-rank and --precision are for training here; verl's actor has its own "
                          "(actor_rollout_ref.model.lora_rank, its FSDP mixed precision) in the written job")
-    spec = VerlJobSpec(
-        model_path=model_path_for(params.model_path), out_dir=str(out / "verl"), experiment=params.experiment,
-        train_batch_size=v.train_batch_size, group_size=params.group_size, lr=params.lr,
-        max_prompt_length=v.max_prompt_length, max_response_length=v.max_response_length,
-        max_turns=params.episode.max_turns, total_steps=v.total_steps, save_freq=params.checkpoint_every,
-        nnodes=v.nnodes, gpus_per_node=v.gpus_per_node, tensor_parallel=v.tensor_parallel,
-    )
+    spec = VerlJobSpec.from_params(params, model_path=model_path_for(params.model_path), out_dir=str(out / "verl"))
     eval_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
     with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
         job = write_job(spec, envs, eval_envs)
