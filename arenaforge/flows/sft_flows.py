@@ -22,41 +22,14 @@ from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from arenaforge.flows.outcome import finish
 from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
-from arenaforge.schemas.config import Config, load_config
+from arenaforge.flows.sft_params import GraphParams, IngestParams, SftParams
 from arenaforge.tasks.run_scope import RunScope, open_run_scope
 from arenaforge.tasks.sft import stages as sft_stages
 from arenaforge.warehouse import Warehouse, recorded_run
-
-
-class _ConfigRef(BaseModel):
-    config_path: str | None = Field(default=None, description="arenaforge.toml to load (default: ./arenaforge.toml).")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted config overrides, e.g. model.backend.")
-
-    def config(self) -> Config:
-        return load_config(self.config_path, overrides=self.overrides)
-
-
-class IngestParams(_ConfigRef):
-    paths: list[str] = Field(default_factory=list, description="Tool-document files or folders (formats auto-detected).")
-    mcp: list[str] = Field(default_factory=list, description="Live MCP server commands, e.g. 'mcp-server-time'.")
-
-
-class GraphParams(_ConfigRef):
-    servers: list[str] = Field(default_factory=list, description="Servers to (re)build; empty = all.")
-
-
-class SftParams(_ConfigRef):
-    servers: list[str] = Field(default_factory=list, description="Servers to synthesize for; empty = all.")
-    seed: int | None = Field(default=None, description="Seed of walks, queries and simulators (default: config seed).")
-    server_only: bool = Field(default=True, description="Also write server-only tasks (not conditioned on a chain).")
-    export_dir: str | None = Field(default=None, description="Export kept trajectories of this run here (JSONL+Parquet).")
-    batch_size: int = Field(default=64, ge=1, description="runner.kind = ray: tasks per batch whose trajectories a "
-                                                          "worker runs and judges (one task run each).")
 
 
 def _absolute(path: str) -> str:

@@ -27,11 +27,12 @@ def compose_config(files: Any, model: str) -> Any:
     import verl
     from hydra import compose, initialize_config_dir
 
+    from arenaforge.tasks.train.params import GrpoParams
     from arenaforge.tasks.verl.job import VerlJobSpec, hydra_overrides
 
-    spec = VerlJobSpec(model_path=model, out_dir=str(files.train.parent / "job"), train_batch_size=4,
-                       max_prompt_length=2048, max_response_length=2048, max_turns=12, tensor_parallel=1,
-                       gpus_per_node=1, group_size=2)
+    spec = VerlJobSpec.from_params(GrpoParams(), model_path=model, out_dir=str(files.train.parent / "job"),
+                                   train_batch_size=4, max_prompt_length=2048, max_response_length=2048,
+                                   max_turns=12, tensor_parallel=1, gpus_per_node=1, group_size=2)
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         return compose(config_name="ppo_trainer", overrides=hydra_overrides(spec, files))

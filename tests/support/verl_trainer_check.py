@@ -26,15 +26,17 @@ CPU_ONLY = ("trainer.use_v1=False", "trainer.device=cpu")
 
 
 def main(work: Path, logical_gpus: int) -> dict:
+    from arenaforge.tasks.train.params import GrpoParams
     from arenaforge.tasks.verl.job import VerlJobSpec, write_job
     from tests.support.ray_cluster import RayCluster
     from tests.support.rl import tiny_env, tiny_model_path
 
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia"), tiny_env(country="Borduria", capital="Szohod"),
             tiny_env(country="Syldavia", capital="Klow")]
-    spec = VerlJobSpec(model_path=str(tiny_model_path()), out_dir=str(work / "job"), train_batch_size=2,
-                       max_prompt_length=1024, max_response_length=512, max_turns=4, tensor_parallel=1,
-                       gpus_per_node=1, group_size=2, total_steps=1, save_freq=-1, extra_overrides=CPU_ONLY)
+    spec = VerlJobSpec.from_params(GrpoParams(), model_path=str(tiny_model_path()), out_dir=str(work / "job"),
+                                   train_batch_size=2, max_prompt_length=1024, max_response_length=512, max_turns=4,
+                                   tensor_parallel=1, gpus_per_node=1, group_size=2, total_steps=1, save_freq=-1,
+                                   extra_overrides=CPU_ONLY)
     job = write_job(spec, envs, val_envs=envs[:1])
     # Ray's own temp paths must stay short (unix socket names are capped at 107 bytes)
     short = Path(os.environ.get("TMPDIR", "/tmp")) / f"vt{os.getpid()}"

@@ -15,7 +15,22 @@ from arenaforge.tasks.train.batching import AdaptiveBatcher, penalty, repair_gro
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.tasks.train.grpo import (GrpoConfig, GrpoTrainer, first_loss_position, group_advantages, pack,
                                         policy_loss, token_logprobs)
+from arenaforge.tasks.train.params import GrpoParams
 from tests.support.rl import tiny_model_path
+
+
+def grpo_config(**settings: object) -> GrpoConfig:
+    """A trainer config from GrpoParams; these tests were written for micro-batches of 4 with every token in the
+    loss, so those stay unless a test sets them."""
+    return GrpoConfig.from_params(GrpoParams(**{"micro_batch_size": 4, "skip_forced_tokens": False, **settings}))
+
+
+def run_config(out_dir: str, grpo: GrpoConfig, rollout: object, in_flight_groups: int, **settings: object):
+    """A run's loop from GrpoParams; these tests were written for a checkpoint after every step."""
+    from arenaforge.tasks.train.run_grpo import GrpoRunConfig
+
+    return GrpoRunConfig.from_params(GrpoParams(**{"checkpoint_every": 1, **settings}), out_dir=out_dir, grpo=grpo,
+                                     rollout=rollout, in_flight_groups=in_flight_groups)
 
 
 def _reward(f1: float, calls: int = 2) -> RewardBreakdown:
@@ -146,7 +161,7 @@ def test_forced_tokens_get_no_gradient_when_skipped(tiny):
     for skip in (False, True):
         fresh = AutoModelForCausalLM.from_pretrained(tiny_model_path())
         before = [p.detach().clone() for p in fresh.parameters()]
-        metrics = GrpoTrainer(fresh, tok, GrpoConfig(lr=1e-2, skip_forced_tokens=skip)).step([forced])
+        metrics = GrpoTrainer(fresh, tok, grpo_config(lr=1e-2, skip_forced_tokens=skip)).step([forced])
         moved[skip] = not all(torch.equal(a, b) for a, b in zip(before, fresh.parameters()))
         assert metrics.get("skipped", 0.0) == (1.0 if skip else 0.0)
     assert moved == {False: True, True: False}
@@ -172,7 +187,7 @@ def test_step_raises_rewarded_and_lowers_unrewarded(tiny):
             return float((token_logprobs(model, batch.input_ids, batch.attention_mask) * batch.loss_mask).sum())
 
     before = [seq_logp(group[0]), seq_logp(group[1])]
-    trainer = GrpoTrainer(model, tok, GrpoConfig(lr=1e-2, micro_batch_size=3))
+    trainer = GrpoTrainer(model, tok, grpo_config(lr=1e-2, micro_batch_size=3))
     metrics = trainer.step([group])
     after = [seq_logp(group[0]), seq_logp(group[1])]
     assert after[0] > before[0] and after[1] < before[1]
@@ -187,7 +202,7 @@ def test_zero_variance_group_does_not_move_weights(tiny):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     before = [p.detach().clone() for p in model.parameters()]
     group = [_rollout([40, 41, 42], [1, 1, 1], 0.5, i) for i in range(3)]
-    GrpoTrainer(model, tok, GrpoConfig(lr=1e-2)).step([group])
+    GrpoTrainer(model, tok, grpo_config(lr=1e-2)).step([group])
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -270,8 +285,8 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
         return real_step(self, groups)
 
     monkeypatch.setattr(GrpoTrainer, "step", step)
-    cfg = GrpoRunConfig(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
-                        rollout=RolloutConfig(max_turns=4), grpo=GrpoConfig(lr=1e-3), in_flight_groups=1)
+    cfg = run_config(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
+                     rollout=RolloutConfig(max_turns=4), grpo=grpo_config(lr=1e-3), in_flight_groups=1)
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert on_the_loop == [False, False]  # each update in a thread: the loop keeps reading the sandbox's replies
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
@@ -309,9 +324,9 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
         engine = ScriptedEngine(tokenizer, respond)
         return engine
 
-    cfg = GrpoRunConfig(out_dir=str(tmp_path / "lora"), steps=2, batch_groups=1, group_size=2,
-                        rollout=RolloutConfig(max_turns=4), in_flight_groups=1,
-                        grpo=GrpoConfig(lr=1e-2, lora_rank=4, precision="bf16"))
+    cfg = run_config(out_dir=str(tmp_path / "lora"), steps=2, batch_groups=1, group_size=2,
+                     rollout=RolloutConfig(max_turns=4), in_flight_groups=1,
+                     grpo=grpo_config(lr=1e-2, lora_rank=4, precision="bf16"))
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert first.last_step == 2 and all(m["grad_norm"] > 0 and m["skipped"] == 0 for m in first.metrics)
     assert seen == ["PeftModel"]  # the engine samples from the adapted model
@@ -323,7 +338,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     more = GrpoRunConfig(**{**cfg.__dict__, "steps": 3})
     second = with_pool(lambda pool: train_grpo(more, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_b"))
     assert (second.first_step, second.last_step) == (3, 3) and second.resumed_from.endswith("step-000002")
-    full = GrpoRunConfig(**{**cfg.__dict__, "steps": 4, "grpo": GrpoConfig(lr=1e-2)})
+    full = GrpoRunConfig(**{**cfg.__dict__, "steps": 4, "grpo": grpo_config(lr=1e-2)})
     with pytest.raises(InputError, match="trained LoRA adapters; resume it with its --lora-rank"):  # as a full run
         with_pool(lambda pool: train_grpo(GrpoRunConfig(**{**full.__dict__, "out_dir": str(tmp_path / "lora")}),
                                           tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_c"))

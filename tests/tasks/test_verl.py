@@ -13,6 +13,7 @@ import pytest
 from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
 from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
+from arenaforge.tasks.train.params import GrpoParams
 from arenaforge.tasks.verl.job import VerlJobSpec, write_job
 from arenaforge.tasks.verl.reward import compute_score
 from arenaforge.tasks.verl.tool import ArenaTool
@@ -116,8 +117,9 @@ def test_dataset_rows_carry_the_environment(tmp_path):
 
 
 def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
-    job = write_job(VerlJobSpec(model_path="/models/qwen3-8b", out_dir=str(tmp_path / "verl"), group_size=4),
-                    [tiny_env()])
+    spec = VerlJobSpec.from_params(GrpoParams(group_size=4), model_path="/models/qwen3-8b",
+                                   out_dir=str(tmp_path / "verl"))
+    job = write_job(spec, [tiny_env()])
     o = dict(x.split("=", 1) for x in job.overrides)
     assert o["algorithm.adv_estimator"] == "grpo" and o["algorithm.filter_groups.enable"] == "True"
     assert o["algorithm.use_kl_in_reward"] == "False" and o["actor_rollout_ref.actor.use_kl_loss"] == "False"

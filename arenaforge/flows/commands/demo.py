@@ -19,6 +19,7 @@ import typer
 
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
+from arenaforge.tasks.envs.pipeline import EnvsSpec
 
 app = typer.Typer(help="Run the whole pipeline offline on the bundled sample data.", invoke_without_command=True)
 
@@ -30,7 +31,8 @@ def _sample(name: str) -> str:
 @app.callback()
 def demo(
     ctx: typer.Context,
-    n: int = typer.Option(24, "--n", "-n", help="QA instances to synthesize from the sample source."),
+    n: int = typer.Option(EnvsSpec.model_fields["n"].default, "--n", "-n",
+                          help="QA instances to synthesize from the sample source."),
     train: bool = typer.Option(False, "--train/--no-train", help="Also train the default policy (warm start + GRPO) "
                                "on the train split and print its test-split table."),
     out: str = typer.Option(None, "--out", "-o", help="Folder for exports (default: config out_dir/demo)."),

@@ -8,45 +8,30 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import flag_errors, run_flow, state
+from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
+from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
+from arenaforge.tasks.envs.pipeline import EnvsSpec
 
 app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
 
 
+SYNTH_OPTIONS = ParamsOptions(
+    EnvsSpec, exclude=["distractors_high", "distractors_medium", "distractors_low"],  # one --distractors option
+    flags={"sources": ("--source", "-s"), "n": ("--n", "-n"), "structures": "--structure",
+           "seed_questions": "--seed-question", "qs_threshold": "--threshold", "qs_percentile": "--percentile",
+           "merge_across": "--merge-across/--merge-within"})
+_MIX = EnvsSpec().mix()
+
+
 @app.command("synth")
+@SYNTH_OPTIONS.command
 def synth(
     ctx: typer.Context,
-    source: list[str] = typer.Option(["sample"], "--source", "-s",
-                                     help="Knowledge source: sample, tau2_retail, astra, or a table file/dir (repeatable)."),
-    n: int = typer.Option(24, "--n", "-n", help="QA instances per source."),
-    min_hops: int = typer.Option(1, help="Hop budget: minimum longest dependency chain."),
-    max_hops: int = typer.Option(3, help="Hop budget: maximum longest dependency chain."),
-    structure: list[str] = typer.Option(None, "--structure",
-                                        help="single_hop, parallel_single_hop, multi_hop, parallel_multi_hop (repeatable)."),
-    mode: str = typer.Option("unconditioned", help="unconditioned or conditioned (on seed questions)."),
-    seed_question: list[str] = typer.Option(None, "--seed-question", help="Seed question for conditioned mode (repeatable)."),
-    keep_rule: str = typer.Option("threshold", help="QA keep rule: threshold or percentile."),
-    threshold: float = typer.Option(0.75, help="Keep QS >= this (threshold rule)."),
-    percentile: float = typer.Option(85.0, help="Keep QS >= this percentile of the batch (percentile rule)."),
-    distractors: str = typer.Option("1,1,1", help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
-    max_attempts: int = typer.Option(2, help="Regenerations of a tool that fails sandbox verification."),
-    merge: bool = typer.Option(True, "--merge/--no-merge", help="Merge functionally equivalent tools."),
-    merge_across: bool = typer.Option(False, "--merge-across/--merge-within",
-                                      help="Merge each batch (stream window) against earlier batches and earlier "
-                                      "runs' tools in the warehouse, in synthesis order (default: within each batch)."),
-    distractor_pool_max: int = typer.Option(4096, help="With --merge-across: at most this many of earlier runs' "
-                                            "tools (the most recent) join the distractor pool; 0: none."),
-    batch_size: int = typer.Option(400, help="QA instances per environment-building batch."),
-    pipeline: str = typer.Option("batch", help="batch (stage by stage) or stream (each QA moves on when ready; "
-                                 "threshold keep rule only)."),
-    shared_data: str = typer.Option(None, help="Path of ../shared/data (for tau2_retail and astra)."),
-    seed: int = typer.Option(None, help="Generator seed (default: config seed)."),
-    decomposition: str = typer.Option("whole", help="whole (one request per QA decomposition) or stepwise (the "
-                                                    "program plans the facts, a model writes each sub-QA: small models)."),
-    tool_code: str = typer.Option("model", help="model (a model writes tool code) or evidence (a model writes the "
-                                                "tool document, the program its code from the typed evidence)."),
+    fields: dict[str, Any],
+    distractors: str = typer.Option(f"{_MIX.high},{_MIX.medium},{_MIX.low}",
+                                    help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
 ) -> None:
     """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
     from arenaforge.flows.envs_flows import EnvsParams, envs
@@ -57,16 +42,9 @@ def synth(
         mix = DistractorMix.parse(distractors)
     except (TypeError, ValueError):
         raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
-    with flag_errors("envs synth"):
-        params = EnvsParams(
-            sources=source, n=n, min_hops=min_hops, max_hops=max_hops,
-            **({"structures": structure} if structure else {}), mode=mode, seed_questions=seed_question or [],
-            keep_rule=keep_rule, qs_threshold=threshold, qs_percentile=percentile, max_attempts=max_attempts,
-            distractors_high=mix.high, distractors_medium=mix.medium, distractors_low=mix.low, merge=merge, merge_across=merge_across,
-            distractor_pool_max=distractor_pool_max,
-            batch_size=batch_size, pipeline=pipeline, shared_data=shared_data, seed=seed,
-            decomposition=decomposition, tool_code=tool_code, config_path=st.config_path,
-            overrides=st.overrides)
+    params = SYNTH_OPTIONS.build("envs synth", fields, into=EnvsParams, distractors_high=mix.high,
+                                 distractors_medium=mix.medium, distractors_low=mix.low,
+                                 config_path=st.config_path, overrides=st.overrides)
     from arenaforge.flows.outcome import run_and_report
 
     run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))

@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.options import ParamsOptions
+from arenaforge.flows.sft_params import CONFIG_REF, GraphParams
 
 app = typer.Typer(help="Build and inspect tool-call graphs; sample tool chains.", no_args_is_help=True)
 
 
-@app.command("build")
-def build(
-    ctx: typer.Context,
-    server: list[str] = typer.Option(None, "--server", "-s", help="Server to (re)build (repeatable; default: all)."),
-) -> None:
-    """Run the `graph` flow: data-flow edges (plus model-proposed chains on the openai backend) into graph_edges."""
-    from arenaforge.flows.sft_flows import GraphParams, graph
+BUILD_OPTIONS = ParamsOptions(GraphParams, exclude=CONFIG_REF, flags={"servers": ("--server", "-s")})
 
+
+@app.command("build")
+@BUILD_OPTIONS.command
+def build(ctx: typer.Context, fields: dict[str, Any]) -> None:
+    """Run the `graph` flow: data-flow edges (plus model-proposed chains on the openai backend) into graph_edges."""
     from arenaforge.flows.outcome import run_and_report
+    from arenaforge.flows.sft_flows import graph
 
     st = state(ctx)
-    run_and_report("graph", st.warehouse(), lambda: run_flow(graph(GraphParams(
-        servers=list(server or []), config_path=st.config_path, overrides=st.overrides))))
+    params = BUILD_OPTIONS.build("graph build", fields, config_path=st.config_path, overrides=st.overrides)
+    run_and_report("graph", st.warehouse(), lambda: run_flow(graph(params)))
 
 
 @app.command("show")

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 
-from arenaforge.flows.context import flag_errors, run_flow, state
+from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.options import ParamsOptions
+from arenaforge.flows.sft_params import CONFIG_REF, SftParams
 
 app = typer.Typer(help="Synthesize tasks and scored multi-turn trajectories (SFT track).", no_args_is_help=True)
 
 
+SYNTH_OPTIONS = ParamsOptions(SftParams, exclude=CONFIG_REF, flags={
+    "servers": ("--server", "-s"), "server_only": "--server-only/--chains-only", "export_dir": "--export"})
+
+
 @app.command("synth")
-def synth(
-    ctx: typer.Context,
-    server: list[str] = typer.Option(None, "--server", "-s", help="Server (repeatable; default: all)."),
-    seed: int = typer.Option(None, help="Seed of walks, queries and simulators (default: config seed)."),
-    server_only: bool = typer.Option(True, "--server-only/--chains-only", help="Also write server-only tasks."),
-    export: str = typer.Option(None, "--export", help="Export this run's kept trajectories to this folder."),
-    batch_size: int = typer.Option(64, help="runner.kind = ray: tasks per batch a worker runs and judges."),
-) -> None:
+@SYNTH_OPTIONS.command
+def synth(ctx: typer.Context, fields: dict[str, Any]) -> None:
     """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
     from arenaforge.flows.outcome import run_and_report
-    from arenaforge.flows.sft_flows import SftParams, sft
+    from arenaforge.flows.sft_flows import sft
 
     st = state(ctx)
-    with flag_errors("sft synth"):
-        params = SftParams(servers=list(server or []), seed=seed, server_only=server_only, export_dir=export,
-                           batch_size=batch_size, config_path=st.config_path, overrides=st.overrides)
+    params = SYNTH_OPTIONS.build("sft synth", fields, config_path=st.config_path, overrides=st.overrides)
     run_and_report("sft", st.warehouse(), lambda: run_flow(sft(params)))
 
 

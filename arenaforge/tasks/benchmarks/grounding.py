@@ -47,7 +47,8 @@ async def _arm(cfg: Any, wh: Warehouse, model_path: str, envs: list[Environment]
     started = time.perf_counter()
     rollouts: list[Rollout] = []
     row = await evaluate_policy(cfg, wh, PolicyParams(model_path=model_path), model_path, envs, episode,
-                                label=f"grounding bench, ground_arguments={ground}", rollouts_out=rollouts)
+                                label=f"grounding bench, ground_arguments={ground}", rollouts_out=rollouts,
+                                samples=1, seed=0, concurrency=32)
     seconds = time.perf_counter() - started
     tokens = sum(sum(r.response_mask) for r in rollouts)
     return {"f1": round(row["f1"], 4), "recall": round(row["recall"], 4), "precision": round(row["precision"], 4),

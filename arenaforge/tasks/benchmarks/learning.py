@@ -27,9 +27,10 @@ from arenaforge.schemas.config import load_config
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import TrainStep
 from arenaforge.schemas.models import Rollout
-from arenaforge.tasks.train.params import RECIPE
+from arenaforge.tasks.train.params import RECIPE, GrpoParams
 from arenaforge.warehouse import Warehouse
 
+_RECIPE = GrpoParams(**RECIPE)  # the recipe's settings: this benchmark's defaults
 BOOTSTRAP = 2000
 
 
@@ -119,20 +120,22 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     out: dict[str, Any] = {"suite": suite, "environments": len(envs)}
     for label, path in paths.items():
         row = await evaluate_policy(cfg, wh, PolicyParams(model_path=path), path, envs, episode,
-                                    label=f"{label} on {suite}", suite=suite, concurrency=concurrency)
+                                    label=f"{label} on {suite}", suite=suite, samples=1, seed=0,
+                                    concurrency=concurrency)
         out[label] = {"f1": round(row["f1"], 4), "native": row.get("native"), "episodes": row["episodes"],
                       "statuses": row["statuses"]}
     return out
 
 
 async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "arena-small",
-         warmstart_steps: int = RECIPE["warmstart_steps"], warmstart_batch_size: int = RECIPE["warmstart_batch_size"],
-         warmstart_lr: float = RECIPE["warmstart_lr"],
-         warmstart_copy_variants: int = RECIPE["warmstart_copy_variants"], grpo_steps: int = RECIPE["steps"], grpo_lr: float = RECIPE["lr"],
-         group_size: int = RECIPE["group_size"], batch_groups: int = RECIPE["batch_groups"], temperature: float = 1.0,
-         test_share: float = 0.2, eval_limit: int = RECIPE["eval_limit"], bfcl_limit: int = 20,
-         sandbox: str = "process", seed: int = 0, suite: str = "", suite_db: str = "",
-         suite_limit: int = 50, ground_arguments: bool = True, skip_forced_tokens: bool = True) -> dict[str, Any]:
+         warmstart_steps: int = _RECIPE.warmstart_steps, warmstart_batch_size: int = _RECIPE.warmstart_batch_size,
+         warmstart_lr: float = _RECIPE.warmstart_lr, warmstart_copy_variants: int = _RECIPE.warmstart_copy_variants,
+         grpo_steps: int = _RECIPE.steps, grpo_lr: float = _RECIPE.lr, group_size: int = _RECIPE.group_size,
+         batch_groups: int = _RECIPE.batch_groups, temperature: float = _RECIPE.episode.temperature,
+         test_share: float = _RECIPE.envs.test_share, eval_limit: int = _RECIPE.eval_limit, bfcl_limit: int = 20,
+         sandbox: str = "process", seed: int = _RECIPE.seed, suite: str = "", suite_db: str = "",
+         suite_limit: int = 50, ground_arguments: bool = _RECIPE.episode.ground_arguments,
+         skip_forced_tokens: bool = _RECIPE.skip_forced_tokens) -> dict[str, Any]:
     """Untrained / warm start / warm start + GRPO on the test split (F1 with 95% bootstrap intervals) and BFCL, and
     with `--suite NAME --suite-db WAREHOUSE` on an imported suite (its native metric beside our F1).
     `--no-ground-arguments`: tool-call argument values decoded free instead of copied from the conversation.

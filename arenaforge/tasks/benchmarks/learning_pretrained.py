@@ -124,7 +124,7 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     cfg = config_for(params)
     envs = select_envs(wh, EnvSelection(split="train", test_share=test_share, split_seed=seed))
     envs = random.Random(seed).sample(envs, min(limit, len(envs)))
-    examples, rejections = await replay_examples(cfg, envs)
+    examples, rejections = await replay_examples(cfg, envs, copy_variants=0, seed=0)
     if not examples:
         raise InputError(f"environment replays: no train environment's gold calls replay cleanly ({len(rejections)} "
                          "rejected)")

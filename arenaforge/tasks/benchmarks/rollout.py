@@ -210,13 +210,16 @@ def _throughput(model_path: str, batches: list[list[list[Rollout]]], lr: float) 
     from trl import GRPOConfig, GRPOTrainer
 
     from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
+    from arenaforge.tasks.train.params import GrpoParams
 
     tok = AutoTokenizer.from_pretrained(model_path)
     n_seq = sum(len(g) for g in batches[0])
     tokens = sum(len(r.prompt_ids) + len(r.response_ids) for b in batches for g in b for r in g)
 
     ours_model = AutoModelForCausalLM.from_pretrained(model_path)
-    ours = GrpoTrainer(ours_model, tok, GrpoConfig(lr=lr, micro_batch_size=n_seq))
+    # every token in TRL's loss, as in TRL's (no constrained-decoding mask)
+    ours = GrpoTrainer(ours_model, tok, GrpoConfig.from_params(GrpoParams(lr=lr, micro_batch_size=n_seq,
+                                                                          skip_forced_tokens=False)))
     ours_losses = []
     started = time.perf_counter()
     for batch in batches:

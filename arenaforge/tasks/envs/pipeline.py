@@ -42,20 +42,25 @@ class EnvsSpec(BaseModel):
     sources: list[str] = Field(default_factory=lambda: ["sample"],
                                description="Knowledge sources: sample, tau2_retail, astra, or paths to table files/dirs.")
     n: int = Field(default=24, ge=1, le=100_000, description="QA instances to synthesize per source.")
-    min_hops: int = Field(default=1, ge=1, le=8)
-    max_hops: int = Field(default=3, ge=1, le=8)
+    min_hops: int = Field(default=1, ge=1, le=8, description="Hop budget: minimum longest dependency chain.")
+    max_hops: int = Field(default=3, ge=1, le=8, description="Hop budget: maximum longest dependency chain.")
     structures: list[Literal["single_hop", "parallel_single_hop", "multi_hop", "parallel_multi_hop"]] = Field(
-        default_factory=lambda: list(STRUCTURES))
-    mode: Literal["unconditioned", "conditioned"] = "unconditioned"
+        default_factory=lambda: list(STRUCTURES), description="QA structures to synthesize: single_hop, "
+                                                              "parallel_single_hop, multi_hop, parallel_multi_hop.")
+    mode: Literal["unconditioned", "conditioned"] = Field(
+        default="unconditioned", description="unconditioned or conditioned (on seed questions).")
     seed_questions: list[str] = Field(default_factory=list, description="Seeds for conditioned mode (default: the source's).")
-    keep_rule: Literal["threshold", "percentile"] = "threshold"
-    qs_threshold: float = Field(default=0.75, ge=0, le=1)
-    qs_percentile: float = Field(default=85.0, ge=0, le=100)
+    keep_rule: Literal["threshold", "percentile"] = Field(default="threshold",
+                                                         description="QA keep rule: threshold or percentile.")
+    qs_threshold: float = Field(default=0.75, ge=0, le=1, description="Keep QS >= this (threshold rule).")
+    qs_percentile: float = Field(default=85.0, ge=0, le=100,
+                                 description="Keep QS >= this percentile of the batch (percentile rule).")
     max_attempts: int = Field(default=2, ge=0, le=10, description="Regenerations of a failing tool.")
-    distractors_high: int = Field(default=1, ge=0, le=20)
-    distractors_medium: int = Field(default=1, ge=0, le=20)
-    distractors_low: int = Field(default=1, ge=0, le=20)
-    merge: bool = True
+    distractors_high: int = Field(default=1, ge=0, le=20, description="Distractor tools per environment, "
+                                                                       "highly similar to its tools.")
+    distractors_medium: int = Field(default=1, ge=0, le=20, description="Distractors of medium similarity.")
+    distractors_low: int = Field(default=1, ge=0, le=20, description="Distractors of low similarity.")
+    merge: bool = Field(default=True, description="Merge functionally equivalent tools.")
     merge_across: bool = Field(
         default=False, description="Merge each batch against the tools of the run's earlier batches and of earlier "
                                    "runs in the warehouse, in synthesis order (False: within each batch only, as "

@@ -33,7 +33,7 @@ async def eval_job(params: EvalParams) -> dict[str, Any]:
 
 
 async def evaluate_policy(cfg: Config, wh: Warehouse, policy: PolicyParams, path: str, envs: Sequence[Environment],
-                    episode: EpisodeParams, *, samples: int = 1, seed: int = 0, concurrency: int = 32,
+                    episode: EpisodeParams, *, samples: int, seed: int, concurrency: int,
                     label: str | None = None, flow_params: dict[str, Any] | None = None,
                     suite: str | None = None, rollouts_out: list[Rollout] | None = None) -> dict[str, Any]:
     """Roll out the policy at `path` on `envs` (an `eval` run); the EvalRun's numbers and ids. `rollouts_out`

@@ -25,31 +25,40 @@ import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Rollout
+from arenaforge.tasks.train.params import GrpoParams, derived_values
 
 ADV_EPS = 1e-4  # TRL's constant, so advantages agree exactly
 
 
 @dataclass(frozen=True)
 class GrpoConfig:
-    lr: float = 2e-6  # ASTRA's constant learning rate
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    micro_batch_size: int = 4
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
-    old_logprobs: Literal["policy", "engine"] = "policy"
+    """The trainer's settings. Those a run sets (GrpoParams' fields of the same name) have no default here: a run
+    builds this from its params (`from_params`); the others are the recipe's constants."""
+
+    lr: float
+    micro_batch_size: int
+    old_logprobs: Literal["policy", "engine"]
     # Leave out of the loss the tokens the rollout engine sampled with probability 1 (log-prob exactly 0): with
     # constrained decoding those are the tokens the tool-call grammar forced (JSON syntax, a key, the rest of a
     # copied value). No choice was made there, so the constrained policy's gradient is 0; the unmasked log-prob
     # the trainer computes would instead push probability onto or off tokens the constraint never lets through.
     # Only for engines whose log-probs are those of the distribution sampled from (hf, constrained or not).
-    skip_forced_tokens: bool = False
+    skip_forced_tokens: bool
     # As in SFT (train/sft.py): bf16 autocast for the forward and backward (weights and optimizer stay fp32), and
     # LoRA adapters (rank r, every linear layer; the run wraps the model, train/run_grpo.py) instead of every weight.
     # With old_logprobs "policy" the ratio is 1 whatever the precision; with "engine" it compares against the engine.
-    precision: Literal["fp32", "bf16"] = "fp32"
-    lora_rank: int = 0
+    precision: Literal["fp32", "bf16"]
+    lora_rank: int
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+
+    @classmethod
+    def from_params(cls, params: GrpoParams, **changes: Any) -> GrpoConfig:
+        """The params' values of this config's fields, with `changes`."""
+        return cls(**{**derived_values(cls, params), **changes})
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:

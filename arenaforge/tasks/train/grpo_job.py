@@ -58,7 +58,7 @@ async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] |
     async def stage_eval(label: str, model: str) -> None:
         if test_envs:
             log.info(f"evaluating {label} on {len(test_envs)} test environments")
-            evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, seed=params.seed,
+            evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, samples=1, seed=params.seed,
                                                  concurrency=params.concurrency, label=label,
                                                  rollouts_out=None if eval_rollouts is None else
                                                  eval_rollouts.setdefault(label, []))
@@ -70,16 +70,8 @@ async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] |
         warm = await warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
         path = warm["checkpoint"]
         await stage_eval("warm start", path)
-    run_cfg = GrpoRunConfig(
-        out_dir=str(out), steps=params.steps, batch_groups=params.batch_groups, group_size=params.group_size,
-        delta=params.delta, roc=params.roc, max_groups_per_step=params.max_groups_per_step,
-        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer, curriculum=params.curriculum,
-        concurrency=params.concurrency, seed=params.seed, device=params.device,
-        rollout=params.episode.rollout_config(params.seed),
-        grpo=GrpoConfig(lr=params.lr, micro_batch_size=params.micro_batch_size, old_logprobs=params.old_logprobs,
-                        skip_forced_tokens=params.skip_forced_tokens and engine.skips_forced_tokens,
-                        precision=params.precision, lora_rank=params.lora_rank),
-    )
+    run_cfg = GrpoRunConfig.from_params(params, out_dir=str(out), grpo=GrpoConfig.from_params(
+        params, skip_forced_tokens=params.skip_forced_tokens and engine.skips_forced_tokens))
     factory = engine_factory(params.model_copy(update={"model_path": path}))
     structures = {env_id: row.stratum for env_id, row in
                   ensure_splits(wh, scheme=params.envs.scheme, test_share=params.envs.test_share,

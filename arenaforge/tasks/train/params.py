@@ -3,6 +3,7 @@ the Prefect forms and the benchmarks."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,10 +152,20 @@ class GrpoParams(PolicyParams, WeightUpdates):
     verl: VerlParams = Field(default=VerlParams(), description="Scale-out: hand the job to verl on a Ray cluster.")
 
 
-# The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers).
-RECIPE: dict[str, Any] = {"warmstart_steps": 200, "warmstart_batch_size": 16, "warmstart_lr": 3e-3,
-                          "warmstart_copy_variants": 0, "steps": 48,
-                          "lr": 1e-4, "group_size": 8, "batch_groups": 4, "eval_limit": 150}
+def recipe(**overrides: Any) -> dict[str, Any]:
+    """A named set of GrpoParams overrides, checked when it is declared: a misspelt or removed field, a value out
+    of range, or one that only restates the default (a second declaration of it) fails at import."""
+    defaults = GrpoParams()
+    GrpoParams(**overrides)
+    restated = sorted(k for k, v in overrides.items() if getattr(defaults, k) == v)
+    if restated:
+        raise ValueError(f"recipe: {restated} restate GrpoParams' defaults")
+    return overrides
+
+
+# The default policy's training recipe (`demo --train`, `bench learning`; docs/TRAINING.md has its numbers); its
+# group size (8), groups per step (4) and copy-forced variants (0) are GrpoParams' defaults.
+RECIPE = recipe(warmstart_steps=200, warmstart_batch_size=16, warmstart_lr=3e-3, steps=48, lr=1e-4, eval_limit=150)
 
 
 class WarmstartParams(_Params):
@@ -186,3 +197,12 @@ class SftParams(_Params, WeightUpdates):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def derived_values(config: type, params: BaseModel) -> dict[str, Any]:
+    """The values `params` sets for the fields of a dataclass derived from it (GrpoConfig, VerlJobSpec): each field
+    named like one of the params' fields or of their nested models' (episode.max_turns, verl.nnodes)."""
+    values: dict[str, Any] = {}
+    for model in (params, *(v for v in params.__dict__.values() if isinstance(v, BaseModel))):
+        values.update({f.name: getattr(model, f.name) for f in fields(config) if f.name in type(model).model_fields})
+    return values

@@ -20,7 +20,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from arenaforge.tasks.train.batching import AdaptiveBatcher
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.tasks.train.curriculum import Curriculum
 from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
+from arenaforge.tasks.train.params import GrpoParams, derived_values
 from arenaforge.tasks.train.sft import merged, with_lora
 from arenaforge.warehouse import Warehouse
 
@@ -51,22 +52,30 @@ def _update(trainer: GrpoTrainer, batch: list[list[Rollout]], lock: Any) -> dict
 
 @dataclass(frozen=True)
 class GrpoRunConfig:
+    """A GRPO run's loop. The settings GrpoParams declares (same names) have no default here: `from_params`."""
+
     out_dir: str
-    steps: int = 3
-    batch_groups: int = 2  # groups per optimisation batch (paper: 256 prompts)
-    group_size: int = 4  # G
-    delta: float = 0.0  # keep groups whose reward std exceeds this
-    roc: bool = False  # Resample-on-Correct: roll out 2G, keep G
-    max_groups_per_step: int = 32  # stop filling after this many groups (all zero-variance => skip step)
-    checkpoint_every: int = 1
-    keep_optimizer: int = 2
-    concurrency: int = 32
+    grpo: GrpoConfig
+    rollout: RolloutConfig
+    steps: int
+    batch_groups: int  # groups per optimisation batch (paper: 256 prompts)
+    group_size: int  # G
+    delta: float  # keep groups whose reward std exceeds this
+    roc: bool  # Resample-on-Correct: roll out 2G, keep G
+    max_groups_per_step: int  # stop filling after this many groups (all zero-variance => skip step)
+    checkpoint_every: int
+    keep_optimizer: int
+    concurrency: int
+    curriculum: bool  # pick environments by measured pass rate (curriculum.py); False: cycle in order
+    seed: int
+    device: str
     in_flight_groups: int = 4
-    curriculum: bool = True  # pick environments by measured pass rate (curriculum.py); False: cycle in order
-    seed: int = 0
-    device: str = "cpu"
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    grpo: GrpoConfig = field(default_factory=GrpoConfig)
+
+    @classmethod
+    def from_params(cls, params: GrpoParams, out_dir: str, grpo: GrpoConfig, **changes: Any) -> GrpoRunConfig:
+        """The run `params` describe (its episodes sampled from its seed), with `changes`."""
+        return cls(**{**derived_values(cls, params), "out_dir": out_dir, "grpo": grpo,
+                      "rollout": params.episode.rollout_config(params.seed), **changes})
 
 
 @dataclass

@@ -22,13 +22,7 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
     if params.lora_rank or params.precision != "fp32":  # verl sets these in its own actor config, not ours
         raise InputError("train grpo: --lora-rank and --precision are for training here; verl's actor has its own "
                          "(actor_rollout_ref.model.lora_rank, its FSDP mixed precision) in the written job")
-    spec = VerlJobSpec(
-        model_path=model_path_for(params.model_path), out_dir=str(out / "verl"), experiment=params.experiment,
-        train_batch_size=v.train_batch_size, group_size=params.group_size, lr=params.lr,
-        max_prompt_length=v.max_prompt_length, max_response_length=v.max_response_length,
-        max_turns=params.episode.max_turns, total_steps=v.total_steps, save_freq=params.checkpoint_every,
-        nnodes=v.nnodes, gpus_per_node=v.gpus_per_node, tensor_parallel=v.tensor_parallel,
-    )
+    spec = VerlJobSpec.from_params(params, model_path=model_path_for(params.model_path), out_dir=str(out / "verl"))
     eval_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
     with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
         job = write_job(spec, envs, eval_envs)

@@ -20,8 +20,8 @@ log = logging.getLogger("arenaforge.train")
 WARMSTART_MAX_LENGTH = 1024  # tokens of one warm-start example (long SFT-track trajectories are cut)
 
 
-async def replay_examples(cfg: Config, envs: Sequence[Environment], copy_variants: int = 0,
-                          seed: int = 0) -> tuple[list[dict[str, Any]], list[Any]]:
+async def replay_examples(cfg: Config, envs: Sequence[Environment], copy_variants: int,
+                          seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
     """Gold-call replays of `envs`, then `copy_variants` copy-forced variants of each; and the rejections."""
     from arenaforge.tasks.train.copy_forcing import copy_forced_variants
     from arenaforge.tasks.train.warmstart import warmstart_examples

@@ -21,6 +21,7 @@ from typing import Any
 
 from arenaforge.schemas.errors import ConfigError
 from arenaforge.schemas.models import Environment
+from arenaforge.tasks.train.params import GrpoParams, derived_values
 from arenaforge.tasks.verl.dataset import AGENT_NAME, VerlFiles, write_dataset_dir
 
 VERL_VERSION = "0.9.1"
@@ -28,22 +29,31 @@ VERL_VERSION = "0.9.1"
 
 @dataclass(frozen=True)
 class VerlJobSpec:
+    """What the verl job is given. The settings a run sets (GrpoParams' fields of the same name, and its episode's
+    and verl's) have no default here: a run builds this from its params (`from_params`)."""
+
     model_path: str
     out_dir: str
-    experiment: str = "arenaforge-grpo"
-    train_batch_size: int = 256  # ASTRA batch
-    group_size: int = 8
-    lr: float = 2e-6
-    max_prompt_length: int = 25600
-    max_response_length: int = 49152
-    max_turns: int = 16
-    total_steps: int = 200
-    save_freq: int = 10
-    nnodes: int = 1
-    gpus_per_node: int = 8
-    tensor_parallel: int = 2
+    experiment: str
+    train_batch_size: int
+    group_size: int
+    lr: float
+    max_prompt_length: int
+    max_response_length: int
+    max_turns: int
+    total_steps: int
+    save_freq: int
+    nnodes: int
+    gpus_per_node: int
+    tensor_parallel: int
     max_num_gen_batches: int = 10  # filter_groups: rollout batches tried before giving up on a full batch
     extra_overrides: tuple[str, ...] = ()
+
+    @classmethod
+    def from_params(cls, params: GrpoParams, model_path: str, out_dir: str, **changes: Any) -> VerlJobSpec:
+        """The job `params` describe (verl saves every `checkpoint_every` steps), with `changes`."""
+        return cls(**{**derived_values(cls, params), "save_freq": params.checkpoint_every, "model_path": model_path,
+                      "out_dir": out_dir, **changes})
 
 
 @dataclass(frozen=True)
