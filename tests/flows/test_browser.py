@@ -106,11 +106,15 @@ def _visit(page: Any, url: str, ready: Any, timeout_s: float = 240) -> None:
         assert time.monotonic() < deadline, f"{url} never showed what the test waits for: " + page.inner_text("body")[-600:]
 
 
-def _open_custom_run(page: Any, ui: str, deployment: str) -> None:
-    _visit(page, f"{ui}/deployments", lambda p: p.get_by_role("link", name=deployment, exact=True))
-    page.get_by_role("link", name=deployment, exact=True).first.click()
-    page.wait_for_url(re.compile(r"/deployments/deployment/"))
-    _visit(page, page.url, lambda p: p.get_by_role("button", name="Run", exact=True))
+def _open_custom_run(page: Any, served: Any, deployment: str) -> None:
+    """The deployment's page (its link may be past the list's first page of 10), then Run > Custom run."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    with served.client_settings(), get_client(sync_client=True) as client:
+        (found,) = client.read_deployments(deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=[deployment])))
+    _visit(page, f"{served.ui_url()}/deployments/deployment/{found.id}",
+           lambda p: p.get_by_role("button", name="Run", exact=True))
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run").click()
     page.wait_for_url(re.compile(r"/run(\?|$)"))
@@ -149,7 +153,7 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
         expect(page.get_by_role("link", name=name, exact=True).first).to_be_visible()
 
     # train-sft from Run > Custom run, with non-default parameters
-    _open_custom_run(page, ui, "train-sft")
+    _open_custom_run(page, served, "train-sft")
     _fill_train_sft(page, sft_data, "ui-sft", "2")
     page.get_by_role("button", name="Submit").click()
     runs = _wait_for_runs(served, "ui-sft", 1, timeout_s=120)
@@ -176,7 +180,7 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
     assert "data:image/png;base64," in by_key["train-sft-curves"]
 
     # the README screenshot: the deployments page, with the run's activity
-    _visit(page, f"{ui}/deployments", lambda p: p.get_by_role("link", name="train-sft", exact=True))
+    _visit(page, f"{ui}/deployments", lambda p: p.get_by_text(f"{len(served_flows())} Deployments", exact=True))
     shot = tmp_path / "ui-deployments.png"
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
@@ -187,10 +191,9 @@ def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, brow
 def test_ui_refuses_a_wrong_parameter_before_any_run(served: Any, browser: Any, sft_data: Path) -> None:
     from playwright.sync_api import expect
 
-    ui = served.ui_url()
     page = browser.new_page(viewport={"width": 1400, "height": 800})
     page.set_default_timeout(60_000)
-    _open_custom_run(page, ui, "train-sft")
+    _open_custom_run(page, served, "train-sft")
     _fill_train_sft(page, sft_data, "ui-bad", "0")
     page.get_by_role("button", name="Submit").click()
     expect(page.get_by_text("Validation failed for field 'params.epochs'").first).to_be_visible()
