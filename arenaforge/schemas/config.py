@@ -127,6 +127,10 @@ class SandboxConfig(_Section):
     output_limit_bytes: int = Field(
         default=65536, ge=256, description="Output kept per call (what the agent sees); the rest is cut with a marker."
     )
+    state_limit_bytes: int = Field(
+        default=16 << 20, ge=1024, le=16 << 20,
+        description="Largest state a session's read-back (`pool.state`) returns, as JSON: harness work, so not the "
+                    "agent's output limit; a larger one is refused, never cut.")
     message_limit_bytes: int = Field(
         default=4 << 20, ge=1024, description="Largest arguments of one call (serialized JSON); larger is an error."
     )

@@ -81,8 +81,9 @@ def test_64_opens_at_once_all_succeed(pool2: PoolHandle, retail: Environment) ->
 
 def test_a_state_read_has_its_own_limit_not_the_tools(retail: Environment) -> None:
     """Reading a 7 MB state back is harness work: at 50 sessions on one worker it took longer than a tool's 5 s and
-    the late read reset the session (issue 35). Here a tool gets 20 ms; its state still reads back whole."""
-    for handle in start_pool("process", pool_size=1, call_timeout_s=0.02, output_limit_bytes=16 << 20):
+    the late read reset the session (issue 35). Here a tool gets 20 ms and the agent's default 64 KiB of output; its
+    state still reads back whole (it has its own size limit, `state_limit_bytes`, as well as its own time)."""
+    for handle in start_pool("process", pool_size=1, call_timeout_s=0.02):
 
         async def scenario() -> tuple[dict, str, int]:
             session = await handle.pool.open(retail)
@@ -101,6 +102,25 @@ def test_a_state_read_has_its_own_limit_not_the_tools(retail: Environment) -> No
         assert state == retail.initial_state
         assert slow == "timeout"  # the tool's own limit is still 20 ms
         assert resets == 0  # and the read reset nothing
+
+
+
+def test_a_state_past_its_size_limit_is_refused_whole_and_the_session_serves_on(retail: Environment) -> None:
+    for handle in start_pool("process", pool_size=1, state_limit_bytes=1 << 20):
+
+        async def scenario() -> tuple[str, str, int]:
+            session = await handle.pool.open(retail)
+            try:
+                with pytest.raises(SandboxError) as refused:
+                    await handle.pool.state(session)
+                after = await handle.pool.call(session, "get_db_hash", {})
+                return str(refused.value), after.outcome, session.resets
+            finally:
+                await handle.pool.close(session)
+
+        refused, after, resets = handle.run(scenario(), timeout=300)
+        assert "larger than sandbox.state_limit_bytes" in refused  # never a cut state taken for the whole
+        assert (after, resets) == ("ok", 0)
 
 
 SLOW_STATE = '''

@@ -139,13 +139,13 @@ class Pool(WorkerSlots):
     async def state(self, session: Session) -> Any:
         """The session's state, for the harness only (never an agent tool, never counted as a call): each namespace's
         public instance attributes or state global as JSON (`worker.execution.Tools.snapshot`). Raises SandboxError
-        when the state could not be read or is larger than `output_limit_bytes`."""
+        when the state could not be read or is larger than `state_limit_bytes`."""
         # its own limit, counted by the worker in CPU time only (`deadlines.RequestClock`): at 50 sessions on one
         # worker a ~4 MB state waited past its limit to be written out, and the late read reset the session
         timeout = max(self.cfg.state_timeout_s, self.cfg.call_timeout_s)
         obs = await self._call(session, STATE_TOOL, {}, timeout_s=timeout, count=False)
         if obs.outcome != "ok" or obs.truncated:
-            reason = "is larger than sandbox.output_limit_bytes" if obs.truncated else f"could not be read: {obs.error}"
+            reason = "is larger than sandbox.state_limit_bytes" if obs.truncated else f"could not be read: {obs.error}"
             raise SandboxError(f"the state of session {session.id} ({session.env.name}) {reason}")
         return json.loads(obs.output)
 

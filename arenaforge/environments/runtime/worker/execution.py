@@ -318,8 +318,9 @@ def _reply(tools: Tools, outcome: str, value: object, error: str | None, trace: 
             "traceback": clean(trace, limit)[0] if trace else None, "truncated": truncated}
 
 
-def serve(conn, template: dict, limit: int) -> None:
-    """A session's loop: load the tool code, report readiness, then answer calls until the worker hangs up."""
+def serve(conn, template: dict, limit: int, state_limit: int) -> None:
+    """A session's loop: load the tool code, report readiness, then answer calls (output up to `limit`; a state
+    read, the harness's, up to `state_limit`) until the worker hangs up."""
     import os
 
     nonce = template.pop("nonce")
@@ -340,7 +341,8 @@ def serve(conn, template: dict, limit: int) -> None:
         if not line:
             os._exit(0)
         req = json.loads(line)  # {"nonce", "tool", "args"}, from the worker
-        out = call(tools, str(req.get("tool")), req.get("args"), limit)
+        tool = str(req.get("tool"))
+        out = call(tools, tool, req.get("args"), state_limit if tool == STATE_TOOL else limit)
         if os.getpid() != me:  # a process the tool forked came back up to here: it must not answer
             os._exit(0)
         out["nonce"] = req.get("nonce")

@@ -21,6 +21,7 @@ LIMITS = {
     "pids": 64,  # RLIMIT_NPROC per session uid
     "cpu_s": 60,  # RLIMIT_CPU per session process
     "output_limit": 65536,  # bytes of output / error text per call
+    "state_limit": 16 << 20,  # bytes of a state read back (the harness's, not the agent's)
     "message_limit": 4 << 20,  # bytes of arguments per call
     "open_timeout_s": 10.0,
     "scratch_root": "/tmp",

@@ -174,7 +174,7 @@ class SessionServer:
         if not chunk:
             self._channel_closed(sess)
             return
-        limit = int(self.limits["output_limit"])
+        limit = self._reply_limit(sess)
         data = sess.rbuf + chunk
         if sess.isolated and sess.pending is None:
             # no call in flight, so no line is a reply: tool code left writing (a background process). Dropped
@@ -203,6 +203,11 @@ class SessionServer:
                 sess.stray += len(line) + 1
         if sess.sock is sock and self._flooded(sess, limit):
             self._tool_fault(sess, "the session process flooded its reply channel", "limit")
+
+    def _reply_limit(self, sess: Session) -> int:
+        """The longest honest output of the request in flight: a state read back is the harness's and has its own."""
+        state_read = sess.pending is not None and sess.pending.get("tool") == STATE_TOOL
+        return int(self.limits["state_limit" if state_read else "output_limit"])
 
     @staticmethod
     def _flooded(sess: Session, limit: int) -> bool:

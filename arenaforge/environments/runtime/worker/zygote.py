@@ -161,6 +161,6 @@ def _spawn(fd: int, template: dict, limits: dict, spec: dict, inherited: tuple) 
             os._exit(0)
         conn.sendall(encode({"nonce": spec["nonce"], "isolated": True}))  # the last message before tool code runs
         template = dict(template, nonce=spec["nonce"])
-        execution.serve(conn, template, int(limits["output_limit"]))
+        execution.serve(conn, template, int(limits["output_limit"]), int(limits["state_limit"]))
     finally:
         os._exit(70)
