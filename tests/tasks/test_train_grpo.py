@@ -258,7 +258,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
@@ -286,7 +286,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     monkeypatch.setattr(GrpoTrainer, "step", step)
     cfg = run_config(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
-                     rollout=RolloutConfig(max_turns=4), grpo=grpo_config(lr=1e-3), in_flight_groups=1)
+                     rollout=EpisodeParams(max_turns=4).rollout_config(), grpo=grpo_config(lr=1e-3), in_flight_groups=1)
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert on_the_loop == [False, False]  # each update in a thread: the loop keeps reading the sandbox's replies
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
@@ -309,7 +309,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     from safetensors.torch import load_file
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
@@ -325,7 +325,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
         return engine
 
     cfg = run_config(out_dir=str(tmp_path / "lora"), steps=2, batch_groups=1, group_size=2,
-                     rollout=RolloutConfig(max_turns=4), in_flight_groups=1,
+                     rollout=EpisodeParams(max_turns=4).rollout_config(), in_flight_groups=1,
                      grpo=grpo_config(lr=1e-2, lora_rank=4, precision="bf16"))
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert first.last_step == 2 and all(m["grad_norm"] > 0 and m["skipped"] == 0 for m in first.metrics)

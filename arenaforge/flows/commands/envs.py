@@ -35,11 +35,10 @@ def synth(
 ) -> None:
     """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
     from arenaforge.flows.envs_flows import EnvsParams, envs
-    from arenaforge.tasks.envs.distractors import DistractorMix
 
     st = state(ctx)
     try:
-        mix = DistractorMix.parse(distractors)
+        mix = _MIX.parse(distractors)
     except (TypeError, ValueError):
         raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
     params = SYNTH_OPTIONS.build("envs synth", fields, into=EnvsParams, distractors_high=mix.high,

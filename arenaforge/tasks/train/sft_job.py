@@ -22,10 +22,7 @@ def sft_job(params: SftParams) -> dict[str, Any]:
         raise InputError(f"train-sft: data {data}: no such file (write it with `arenaforge sft export`, or set data)")
     wh = Warehouse.from_config(cfg.warehouse)
     out = out_dir_for(cfg, params.out_dir, params.experiment)
-    sft_cfg = SftConfig(out_dir=str(out), epochs=params.epochs, max_steps=params.max_steps,
-                        batch_size=params.batch_size, lr=params.lr, max_length=params.max_length,
-                        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
-                        seed=params.seed, precision=params.precision, lora_rank=params.lora_rank)
+    sft_cfg = SftConfig.from_params(params, out_dir=str(out))
     with recorded_run(wh, "train-sft", params.model_dump(mode="json")) as (run, counts):
         summary = train_sft(sft_cfg, local_model_path(params.model_path), data, wh, run.id)
         counts["steps"] = summary.last_step - summary.first_step + 1

@@ -13,7 +13,7 @@ from arenaforge.schemas.models import Environment
 from arenaforge.tasks.train.env_selection import select_envs
 from arenaforge.tasks.train.job_config import config_for
 from arenaforge.tasks.train.job_sandbox import sandbox_pool
-from arenaforge.tasks.train.params import GrpoParams, WarmstartParams
+from arenaforge.tasks.train.params import GrpoParams, SftParams, WarmstartParams
 from arenaforge.warehouse import Warehouse, recorded_run
 
 log = logging.getLogger("arenaforge.train")
@@ -55,12 +55,11 @@ async def warmstart_sft(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Se
         data = write_jsonl(examples, out / "warmstart.jsonl")
         log.info(f"warm start: {replays} gold-call replays + {variants} copy-forced variants + "
                  f"{len(examples) - replays - variants} SFT-track trajectories, {params.warmstart_steps} steps")
-        sft_cfg = SftConfig(out_dir=str(out), epochs=10**6, max_steps=params.warmstart_steps,
-                            batch_size=params.warmstart_batch_size, lr=params.warmstart_lr,
-                            warmup_steps=min(20, params.warmstart_steps // 10), decay=True,
-                            max_length=WARMSTART_MAX_LENGTH,
-                            checkpoint_every=params.warmstart_steps, keep_optimizer=1, seed=params.seed,
-                            device=params.device)
+        warm = SftParams(epochs=10**6, max_steps=params.warmstart_steps, batch_size=params.warmstart_batch_size,
+                         lr=params.warmstart_lr, max_length=WARMSTART_MAX_LENGTH,
+                         checkpoint_every=params.warmstart_steps, keep_optimizer=1, seed=params.seed)
+        sft_cfg = SftConfig.from_params(warm, out_dir=str(out), warmup_steps=min(20, params.warmstart_steps // 10),
+                                        decay=True, device=params.device)
         summary = train_sft(sft_cfg, model_path, data, wh, run.id)
         counts["steps"] = summary.last_step - summary.first_step + 1
     final = CheckpointManager(out).checkpoints()[-1]
