@@ -41,14 +41,6 @@ class DistractorMix:
     def as_dict(self) -> dict[str, int]:
         return {"high": self.high, "medium": self.medium, "low": self.low}
 
-    def parse(self, text: str) -> "DistractorMix":
-        """'high=1,medium=1,low=1' or '1,1,1'; a band not named keeps this mix's count."""
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if all("=" not in p for p in parts) and len(parts) == 3:
-            return DistractorMix(*(int(p) for p in parts))
-        values = {k.strip(): int(v) for k, v in (p.split("=", 1) for p in parts)}
-        return DistractorMix(**{**self.as_dict(), **values})
-
 
 def tool_text(doc: FunctionDoc) -> str:
     params = ", ".join(f"{k} ({v.get('type', 'any')}): {v.get('description', '')}"
