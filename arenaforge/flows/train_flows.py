@@ -26,8 +26,8 @@ from prefect.cache_policies import NO_CACHE
 
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
 from arenaforge.tasks.train.evaluation import eval_job
-from arenaforge.tasks.train.grpo_job import grpo_job
-from arenaforge.tasks.train.job_config import open_job_scope
+from arenaforge.tasks.train.grpo_job import grpo_job, on_configured_cluster
+from arenaforge.tasks.train.job_config import config_for, open_job_scope
 from arenaforge.tasks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 from arenaforge.tasks.train.rollout_job import rollout_job
 from arenaforge.tasks.train.sft_job import sft_job
@@ -108,6 +108,7 @@ async def rollout(params: RolloutParams = RolloutParams()) -> dict[str, Any]:
 @flow(name="train-grpo")
 async def train_grpo(params: GrpoParams = GrpoParams()) -> dict[str, Any]:
     """Warm start (optional), GRPO and evaluation on the test split; or the verl job (verl.ray_address)."""
+    params = on_configured_cluster(params, config_for(params))  # its run records the cluster it scales out to
     with run_log():
         async with open_job_scope(params, "train-grpo") as scope:
             result = await grpo_task(scope, params)
