@@ -17,18 +17,24 @@ from pydantic import BaseModel
 from arenaforge.flows.sft_params import GraphParams, IngestParams
 from arenaforge.flows.sft_params import SftParams as SftSynthParams
 from arenaforge.schemas.config import Config
+from arenaforge.tasks.envs.distractors import DistractorMix
 from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tasks.rollout.episodes import RolloutConfig
 from arenaforge.tasks.train.grpo import GrpoConfig
+from arenaforge.tasks.train.params import (RECIPE, EpisodeParams, EvalParams, GrpoParams, RolloutParams, SftParams,
+                                           WarmstartParams, recipe)
 from arenaforge.tasks.train.run_grpo import GrpoRunConfig
-from arenaforge.tasks.train.params import (RECIPE, EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams,
-                                           recipe)
+from arenaforge.tasks.train.sft import SftConfig
 from arenaforge.tasks.verl.job import VerlJobSpec
 
 PACKAGE = Path(__file__).resolve().parents[1] / "arenaforge"
 PARAMS_MODELS: list[type[BaseModel]] = [GrpoParams, SftParams, WarmstartParams, RolloutParams, EvalParams, EnvsSpec,
                                         SftSynthParams, IngestParams, GraphParams, Config]
-# classes built from a params model (`from_params`): they keep no default for a setting the model declares
-DERIVED: dict[type, type[BaseModel]] = {GrpoConfig: GrpoParams, GrpoRunConfig: GrpoParams, VerlJobSpec: GrpoParams}
+# classes built from a params model (`from_params`, `rollout_config`, `mix`): they keep no default for a setting the
+# model declares; a field's setting is named `<prefix><field>` (DistractorMix.high is EnvsSpec.distractors_high)
+DERIVED: dict[type, tuple[type[BaseModel], str]] = {
+    GrpoConfig: (GrpoParams, ""), GrpoRunConfig: (GrpoParams, ""), VerlJobSpec: (GrpoParams, ""),
+    RolloutConfig: (EpisodeParams, ""), DistractorMix: (EnvsSpec, "distractors_"), SftConfig: (SftParams, "")}
 COMMAND_MODULES = sorted((PACKAGE / "flows" / "commands").glob("*.py")) + [PACKAGE / "flows" / "cli.py"]
 FLOW_MODULES = sorted((PACKAGE / "flows").glob("*_flows.py")) + [PACKAGE / "flows" / "deployments.py",
                                                                  PACKAGE / "flows" / "registry.py"]
@@ -101,15 +107,16 @@ def restated_options(source: str, found: dict[str, Any]) -> list[str]:
     return bad
 
 
-def redeclared_fields(derived: type, model: type[BaseModel]) -> list[str]:
-    """Fields of `derived` named like a setting of `model` that keep a default of their own."""
+def redeclared_fields(derived: type, model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Fields of `derived` named like a setting of `model` (after `prefix`) that keep a default of their own."""
     names = set(_by_leaf(settings(model)))
     if dataclasses.is_dataclass(derived):
         own = {f.name: f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
                for f in dataclasses.fields(derived)}
     else:
         own = {n: not f.is_required() for n, f in derived.model_fields.items()}
-    return [f"{derived.__name__}.{name}" for name, has_default in own.items() if has_default and name in names]
+    return [f"{derived.__name__}.{name}" for name, has_default in own.items()
+            if has_default and prefix + name in names]
 
 
 def job_keyword_defaults(source: str, found: dict[str, Any], module: str) -> list[str]:
@@ -155,17 +162,22 @@ def test_no_option_restates_a_setting():
 
 @pytest.mark.parametrize("derived", list(DERIVED), ids=lambda c: c.__name__)
 def test_derived_configs_keep_no_default_of_a_setting(derived):
-    assert redeclared_fields(derived, DERIVED[derived]) == []
+    assert redeclared_fields(derived, *DERIVED[derived]) == []
 
 
 def test_derived_configs_take_the_params_values():
     params = GrpoParams(lr=3e-4, group_size=4, micro_batch_size=2, verl={"nnodes": 2}, episode={"max_turns": 6})
     grpo = GrpoConfig.from_params(params)
     assert (grpo.lr, grpo.micro_batch_size, grpo.skip_forced_tokens) == (3e-4, 2, True)
-    run = GrpoRunConfig.from_params(params, out_dir="o", grpo=grpo)
-    assert (run.group_size, run.checkpoint_every, run.rollout.max_turns, run.grpo) == (4, 5, 6, grpo)
+    run = GrpoRunConfig.from_params(params, out_dir="o")
+    assert (run.group_size, run.checkpoint_every, run.rollout.max_turns, run.trainer) == (4, 5, 6, params)
     spec = VerlJobSpec.from_params(params, model_path="m", out_dir="o")
     assert (spec.lr, spec.group_size, spec.nnodes, spec.max_turns, spec.save_freq) == (3e-4, 4, 2, 6, 5)
+    rollout = EpisodeParams(max_turns=3, top_p=0.5, ground_arguments=False).rollout_config(seed=7)
+    assert (rollout.max_turns, rollout.top_p, rollout.ground_arguments, rollout.seed) == (3, 0.5, False, 7)
+    assert EnvsSpec(distractors_medium=4).mix() == DistractorMix(high=1, medium=4, low=1)
+    sft = SftConfig.from_params(SftParams(lr=3e-4, lora_rank=2), out_dir="o")
+    assert (sft.lr, sft.lora_rank, sft.epochs, sft.out_dir) == (3e-4, 2, 1, "o")
 
 
 def test_job_functions_keep_no_default_of_a_setting():
@@ -222,6 +234,13 @@ def test_the_derived_rule_sees_a_field_with_its_own_default():
         eps_low: float = 0.2
 
     assert redeclared_fields(Planted, GrpoParams) == ["Planted.lr"]
+
+    @dataclasses.dataclass(frozen=True)
+    class PlantedMix:
+        high: int
+        low: int = 1
+
+    assert redeclared_fields(PlantedMix, EnvsSpec, "distractors_") == ["PlantedMix.low"]
 
 
 def test_the_job_rule_sees_a_keyword_default():

@@ -1,13 +1,14 @@
 """Prefect flows of the training capability: `rollout`, `train-grpo`, `train-sft`, `warmstart`, `eval`.
 
-Composition only: each flow takes one params model (typed forms in the UI), runs the matching
-job from `arenaforge.tasks.train` (`<name>_job.py`) as one task, and leaves artifacts under stable keys:
-`<flow>-summary` (the run's numbers; for train-grpo the test-split table untrained / warm start /
-warm start + GRPO) and `<flow>-curves` (warm-start loss and GRPO curves, skipped steps marked).
-The jobs log one line per step on the `arenaforge` logger; the flows forward it to the run's log,
-so the UI shows reward, F1, zero-variance share, skipped steps and loss while it trains.
-Jobs record their own `runs` row and write records at step boundaries, so a killed run loses at
-most one step and a re-run of `train-grpo`/`train-sft` resumes from the newest checkpoint.
+Composition only: each flow takes one params model (typed forms in the UI), opens the run's training scope
+(`open_job_scope`: config, warehouse, sandbox pool and the run's `runs` row, finished by the scope), runs the
+matching job from `arenaforge.tasks.train` (`<name>_job.py`) in it as one task, and leaves artifacts under
+stable keys: `<flow>-summary` (the run's numbers; for train-grpo the test-split table untrained / warm start /
+warm start + GRPO) and `<flow>-curves` (warm-start loss and GRPO curves, skipped steps marked; the jobs draw
+them from the steps they recorded). The jobs log one line per step on the `arenaforge` logger; the flows
+forward it to the run's log, so the UI shows reward, F1, zero-variance share, skipped steps and loss while it
+trains. Jobs write records at step boundaries, so a killed run loses at most one step and a re-run of
+`train-grpo`/`train-sft` resumes from the newest checkpoint.
 Retries stay off here: a training step is not idempotent mid-flight, and the jobs resume instead.
 """
 
@@ -25,7 +26,8 @@ from prefect.cache_policies import NO_CACHE
 
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
 from arenaforge.tasks.train.evaluation import eval_job
-from arenaforge.tasks.train.grpo_job import grpo_job
+from arenaforge.tasks.train.grpo_job import grpo_job, on_configured_cluster
+from arenaforge.tasks.train.job_config import config_for, open_job_scope
 from arenaforge.tasks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 from arenaforge.tasks.train.rollout_job import rollout_job
 from arenaforge.tasks.train.sft_job import sft_job
@@ -98,14 +100,18 @@ def _curves_artifact(flow_name: str, result: dict[str, Any]) -> None:
 @flow(name="rollout")
 async def rollout(params: RolloutParams = RolloutParams()) -> dict[str, Any]:
     """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward."""
-    return _summarise("rollout", await rollout_task(params))
+    async with open_job_scope(params, "rollout") as scope:
+        result = await rollout_task(scope, params)
+    return _summarise("rollout", result)
 
 
 @flow(name="train-grpo")
 async def train_grpo(params: GrpoParams = GrpoParams()) -> dict[str, Any]:
     """Warm start (optional), GRPO and evaluation on the test split; or the verl job (verl.ray_address)."""
+    params = on_configured_cluster(params, config_for(params))  # its run records the cluster it scales out to
     with run_log():
-        result = await grpo_task(params)
+        async with open_job_scope(params, "train-grpo") as scope:
+            result = await grpo_task(scope, params)
     _curves_artifact("train-grpo", result)
     note = None
     if result.get("eval"):
@@ -114,10 +120,11 @@ async def train_grpo(params: GrpoParams = GrpoParams()) -> dict[str, Any]:
 
 
 @flow(name="train-sft")
-def train_sft(params: SftParams = SftParams()) -> dict[str, Any]:
+async def train_sft(params: SftParams = SftParams()) -> dict[str, Any]:
     """Supervised fine-tuning on an SFT export (loss on assistant tokens only)."""
     with run_log():
-        result = sft_task(params)
+        async with open_job_scope(params, "train-sft") as scope:
+            result = await sft_task(scope, params)
     _curves_artifact("train-sft", result)
     return _summarise("train-sft", result)
 
@@ -125,12 +132,15 @@ def train_sft(params: SftParams = SftParams()) -> dict[str, Any]:
 @flow(name="warmstart")
 async def warmstart(params: WarmstartParams = WarmstartParams()) -> dict[str, Any]:
     """Warm-start SFT data: each environment's gold calls replayed in the sandbox, as messages+tools JSONL."""
-    return _summarise("warmstart", await warmstart_task(params))
+    async with open_job_scope(params, "warmstart") as scope:
+        result = await warmstart_task(scope, params)
+    return _summarise("warmstart", result)
 
 
 @flow(name="eval")
 async def evaluate(params: EvalParams = EvalParams()) -> dict[str, Any]:
     """Evaluate a policy on the test split (F1, recall, precision, calls, format errors)."""
     with run_log():
-        result = await eval_task(params)
+        async with open_job_scope(params, "eval") as scope:
+            result = await eval_task(scope, params)
     return _summarise("eval", result)

@@ -8,7 +8,7 @@ seconds. Inside `tenured_heap()` each full collection's survivors go to the perm
 at once; when the outermost scope ends `gc.unfreeze` hands everything back to the collector, so a cycle
 that died among tenured objects is freed then. Scopes nest and may overlap across threads: one count.
 
-`open_run_scope` opens one per run (synthesis flows and their benchmarks); training does not, so
+`open_run_scope` opens one per run (synthesis flows and their benchmarks); a training scope does not, so
 autograd's cycles are never held back.
 """
 

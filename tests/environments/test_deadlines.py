@@ -243,7 +243,8 @@ def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: Po
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
+    from arenaforge.tasks.rollout.episodes import run_episode
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.rollout.evaluate import summarise
     from tests.support.rl import call_text, tiny_env, tiny_model_path
 
@@ -265,12 +266,12 @@ def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: Po
 
     async def scenario():
         engine = ScriptedEngine(tokenizer, respond)
-        failed = await run_episode(engine, tokenizer, pool, env, RolloutConfig())
+        failed = await run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config())
         while not all(w is not None and w.alive for w in pool.workers):
             await asyncio.sleep(0.05)
         good = await run_episode(ScriptedEngine(tokenizer, lambda _p, i: [
             call_text("get_capital", country="Freedonia"), call_text("get_population", city="Quaxton"), "81234"][i]),
-            tokenizer, pool, env, RolloutConfig())
+            tokenizer, pool, env, EpisodeParams().rollout_config())
         return failed.rollout, good.rollout
 
     failed, good = one_worker.run(scenario())

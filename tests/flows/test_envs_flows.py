@@ -35,6 +35,16 @@ def _json(out: str) -> dict:
     return json.JSONDecoder().raw_decode(out[out.index("{"):])[0]
 
 
+def test_distractors_option_reads_both_forms_onto_the_spec_defaults() -> None:
+    from arenaforge.flows.commands.envs import distractor_fields
+
+    fields = {"distractors_high": 2, "distractors_medium": 0, "distractors_low": 1}
+    assert distractor_fields("high=2,medium=0,low=1") == fields == distractor_fields("2,0,1")
+    assert distractor_fields("high=2") == {**fields, "distractors_medium": 1}  # EnvsSpec's default for the others
+    with pytest.raises(ValueError):
+        distractor_fields("top=1")
+
+
 def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")

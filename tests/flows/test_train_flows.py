@@ -116,16 +116,21 @@ def test_warmstart_and_train_sft_run_on_their_defaults(wh, tmp_path, monkeypatch
     import asyncio
 
     from arenaforge.schemas.errors import InputError
+    from arenaforge.tasks.train.job_config import open_job_scope
     from arenaforge.tasks.train.params import SftParams, WarmstartParams
     from arenaforge.tasks.train.sft_job import sft_job
     from arenaforge.tasks.train.warmstart_jobs import warmstart_job
 
+    async def in_scope(job, params, flow):
+        async with open_job_scope(params, flow) as scope:
+            return await job(scope, params)
+
     monkeypatch.chdir(tmp_path)
-    out = asyncio.run(warmstart_job(WarmstartParams(db=str(wh.path))))
+    out = asyncio.run(in_scope(warmstart_job, WarmstartParams(db=str(wh.path)), "warmstart"))
     assert out["path"] == "out/warmstart/warmstart.jsonl" and (tmp_path / out["path"]).is_file()
     with pytest.raises(InputError, match=r"^train-sft: data out/sft.jsonl: no such file \(write it with "
                                          r"`arenaforge sft export`, or set data\)$"):
-        sft_job(SftParams(db=str(wh.path)))
+        asyncio.run(in_scope(sft_job, SftParams(db=str(wh.path)), "train-sft"))
 
 
 def test_warmstart_command_adds_copy_forced_variants(wh, tmp_path):

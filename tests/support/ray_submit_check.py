@@ -59,6 +59,7 @@ def _client_when_up(address: str, head: subprocess.Popen) -> object:
 def main(work: Path) -> dict:
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams
     from arenaforge.tasks.train.grpo_job import grpo_job
+    from arenaforge.tasks.train.job_config import open_job_scope
     from arenaforge.warehouse import Warehouse
     from tests.support.rl import tiny_env
 
@@ -71,8 +72,14 @@ def main(work: Path) -> dict:
         os.environ["ARENAFORGE_TRAIN__RAY_ADDRESS"] = address
         wh = Warehouse(work / "w.duckdb")
         wh.upsert([tiny_env()])
-        out = asyncio.run(grpo_job(GrpoParams(db=str(wh.path), out_dir=str(work / "out"), model_path="/models/m",
-                                              envs=EnvSelection(split="all"), experiment="ray-check")))
+        params = GrpoParams(db=str(wh.path), out_dir=str(work / "out"), model_path="/models/m",
+                            envs=EnvSelection(split="all"), experiment="ray-check")
+
+        async def hand_off() -> dict:
+            async with open_job_scope(params, "train-grpo") as scope:
+                return await grpo_job(scope, params)
+
+        out = asyncio.run(hand_off())
         info = client.get_job_info(out["ray_job_id"])
         client.stop_job(out["ray_job_id"])
         return {"job_id": out["ray_job_id"], "entrypoint": info.entrypoint, "status": str(info.status),

@@ -10,8 +10,9 @@ from arenaforge.schemas.models import Environment
 from arenaforge.tasks.embeddings import embed
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors
+from arenaforge.tasks.envs.distractors import choose_distractors
 from arenaforge.tasks.envs.knowledge import load_sample
+from arenaforge.tasks.envs.pipeline import EnvsSpec
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import assemble
 from tests.support.envs_fakes import sandbox_cfg
@@ -32,7 +33,7 @@ def synthesize(n: int, seed: int = 9) -> list[Environment]:
 
     drafts = asyncio.run(go())
     src.close()
-    chosen = choose_distractors(drafts, DistractorMix(), embed)
+    chosen = choose_distractors(drafts, EnvsSpec().mix(), embed)
     return [assemble(d.qa, d.tools, c.tools, [t.name for t in c.tools], None) for d, c in zip(drafts, chosen, strict=True)]
 
 

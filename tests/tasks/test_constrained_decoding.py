@@ -159,7 +159,8 @@ def test_a_multi_token_id_is_copied_across_token_boundaries_with_the_real_tokeni
 def test_grounded_episode_copies_the_id_from_the_question():
     """A policy that has memorised a call with `OR5000` (its logits pushed towards that text) calls the tool with
     the question's `OR5031` under grounded decoding, and with its memorised id without it."""
-    from arenaforge.tasks.rollout.episodes import RolloutConfig, parse_tool_calls, run_episode
+    from arenaforge.tasks.rollout.episodes import parse_tool_calls, run_episode
+    from arenaforge.tasks.train.params import EpisodeParams
     from tests.support.rl import call_text, tiny_env, with_pool
 
     engine = build_engine("hf", model_path=tiny_model_path())
@@ -186,7 +187,7 @@ def test_grounded_episode_copies_the_id_from_the_question():
     engine.model.register_forward_hook(nudge, with_kwargs=True)
 
     def first_call(ground: bool):
-        cfg = RolloutConfig(max_turns=1, max_tokens_per_turn=48, temperature=0.0, ground_arguments=ground)
+        cfg = EpisodeParams(max_turns=1, max_tokens_per_turn=48, temperature=0.0, ground_arguments=ground).rollout_config()
         episode = with_pool(lambda pool: run_episode(engine, tok, pool, env, cfg))
         r = episode.rollout
         text = tok.decode([t for t, m in zip(r.response_ids, r.response_mask) if m], skip_special_tokens=False)

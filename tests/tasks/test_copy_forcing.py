@@ -79,7 +79,8 @@ def test_a_variant_is_the_replay_of_the_renamed_environment_token_for_token():
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
+    from arenaforge.tasks.rollout.episodes import run_episode
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.train.sft import encode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
@@ -92,7 +93,7 @@ def test_a_variant_is_the_replay_of_the_renamed_environment_token_for_token():
                                          "distractors": ["get_mayor"]})
     ids, mask = encode(tok, variant, 4096)
     episode = with_pool(lambda pool: run_episode(ScriptedEngine(tok, solving_policy(renamed)), tok, pool, renamed,
-                                                 RolloutConfig(max_turns=4)))
+                                                 EpisodeParams(max_turns=4).rollout_config()))
     rollout = episode.rollout
     assert rollout.reward.f1 == 1.0
     sequence = rollout.prompt_ids + rollout.response_ids

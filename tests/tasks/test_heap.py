@@ -87,3 +87,15 @@ def test_a_run_scope_tenures_its_heap_until_it_closes(tmp_path) -> None:
 
     assert asyncio.run(run()) > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_a_training_scope_keeps_no_chat_model_and_no_tenured_heap(tmp_path) -> None:
+    """Training runs in a scope too, but autograd's cycles must be freed as they die: nothing is frozen."""
+    cfg = Config(warehouse=WarehouseConfig(path=str(tmp_path / "wh")), out_dir=str(tmp_path / "out"))
+
+    async def run() -> tuple[int, object]:
+        async with open_run_scope(cfg, Warehouse(cfg.warehouse.path), "r", training=True) as scope:
+            gc.collect()
+            return gc.get_freeze_count(), scope.model
+
+    assert asyncio.run(run()) == (0, None)

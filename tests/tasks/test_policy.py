@@ -9,7 +9,8 @@ import pytest
 from arenaforge.schemas.errors import ConfigError, ProviderError
 from arenaforge.tasks.policy import SamplingParams, build_engine
 from arenaforge.tasks.policy.vllm_http import VllmHttpEngine
-from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
+from arenaforge.tasks.rollout.episodes import run_episode
+from arenaforge.tasks.train.params import EpisodeParams
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
@@ -55,7 +56,7 @@ def test_rollout_through_scripted_vllm_server(tokenizer):
     server = ScriptedVllm(text_responder(tokenizer, solving_policy(env))).start()
     try:
         engine = build_engine("vllm", base_url=server.base_url, served_model="tiny")
-        r = with_pool(lambda pool: run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout
+        r = with_pool(lambda pool: run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config())).rollout
     finally:
         server.stop()
     assert r.engine == "vllm" and r.status == "finished" and r.reward.f1 == 1.0

@@ -87,6 +87,7 @@ def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, m
     """Warm start (gold replays + kept trajectories) and GRPO read train only; eval reads test only."""
     from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, GrpoParams
     from arenaforge.tasks.train.grpo_job import grpo_job
+    from arenaforge.tasks.train.job_config import open_job_scope
     from arenaforge.warehouse import Warehouse
 
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
@@ -95,7 +96,12 @@ def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, m
                         warmstart_batch_size=2, eval_limit=3, envs=EnvSelection(split="train"),
                         episode=EpisodeParams(max_turns=1, max_length=24, max_tokens_per_turn=8))
     eval_rollouts: dict = {}
-    result = asyncio.run(grpo_job(params, eval_rollouts))
+
+    async def train() -> dict:
+        async with open_job_scope(params, "train-grpo") as scope:
+            return await grpo_job(scope, params, eval_rollouts)
+
+    result = asyncio.run(train())
     wh = Warehouse(synthesized)
     train, test = split_env_ids(wh, "train"), split_env_ids(wh, "test")
     assert train and test and not train & test

@@ -19,18 +19,23 @@ from arenaforge.tasks.train.params import GrpoParams
 from tests.support.rl import tiny_model_path
 
 
+def trainer_params(**settings: object) -> GrpoParams:
+    """The trainer's settings; these tests were written for micro-batches of 4 with every token in the loss, so those
+    stay unless a test sets them."""
+    return GrpoParams(**{"micro_batch_size": 4, "skip_forced_tokens": False, **settings})
+
+
 def grpo_config(**settings: object) -> GrpoConfig:
-    """A trainer config from GrpoParams; these tests were written for micro-batches of 4 with every token in the
-    loss, so those stay unless a test sets them."""
-    return GrpoConfig.from_params(GrpoParams(**{"micro_batch_size": 4, "skip_forced_tokens": False, **settings}))
+    """A trainer config from `trainer_params`."""
+    return GrpoConfig.from_params(trainer_params(**settings))
 
 
-def run_config(out_dir: str, grpo: GrpoConfig, rollout: object, in_flight_groups: int, **settings: object):
+def run_config(out_dir: str, trainer: GrpoParams, rollout: object, in_flight_groups: int, **settings: object):
     """A run's loop from GrpoParams; these tests were written for a checkpoint after every step."""
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig
 
-    return GrpoRunConfig.from_params(GrpoParams(**{"checkpoint_every": 1, **settings}), out_dir=out_dir, grpo=grpo,
-                                     rollout=rollout, in_flight_groups=in_flight_groups)
+    return GrpoRunConfig.from_params(GrpoParams(**{"checkpoint_every": 1, **settings}), out_dir=out_dir,
+                                     trainer=trainer, rollout=rollout, in_flight_groups=in_flight_groups)
 
 
 def _reward(f1: float, calls: int = 2) -> RewardBreakdown:
@@ -258,7 +263,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
@@ -286,7 +291,7 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     monkeypatch.setattr(GrpoTrainer, "step", step)
     cfg = run_config(out_dir=str(tmp_path / "exp"), steps=2, batch_groups=1, group_size=2,
-                     rollout=RolloutConfig(max_turns=4), grpo=grpo_config(lr=1e-3), in_flight_groups=1)
+                     rollout=EpisodeParams(max_turns=4).rollout_config(), trainer=trainer_params(lr=1e-3), in_flight_groups=1)
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert on_the_loop == [False, False]  # each update in a thread: the loop keeps reading the sandbox's replies
     assert (first.first_step, first.last_step, first.resumed_from) == (1, 2, None)
@@ -309,7 +314,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     from safetensors.torch import load_file
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig
+    from arenaforge.tasks.train.params import EpisodeParams
     from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
@@ -325,8 +330,8 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
         return engine
 
     cfg = run_config(out_dir=str(tmp_path / "lora"), steps=2, batch_groups=1, group_size=2,
-                     rollout=RolloutConfig(max_turns=4), in_flight_groups=1,
-                     grpo=grpo_config(lr=1e-2, lora_rank=4, precision="bf16"))
+                     rollout=EpisodeParams(max_turns=4).rollout_config(), in_flight_groups=1,
+                     trainer=trainer_params(lr=1e-2, lora_rank=4, precision="bf16"))
     first = with_pool(lambda pool: train_grpo(cfg, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_a"))
     assert first.last_step == 2 and all(m["grad_norm"] > 0 and m["skipped"] == 0 for m in first.metrics)
     assert seen == ["PeftModel"]  # the engine samples from the adapted model
@@ -338,7 +343,7 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     more = GrpoRunConfig(**{**cfg.__dict__, "steps": 3})
     second = with_pool(lambda pool: train_grpo(more, tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_b"))
     assert (second.first_step, second.last_step) == (3, 3) and second.resumed_from.endswith("step-000002")
-    full = GrpoRunConfig(**{**cfg.__dict__, "steps": 4, "grpo": grpo_config(lr=1e-2)})
+    full = GrpoRunConfig(**{**cfg.__dict__, "steps": 4, "trainer": trainer_params(lr=1e-2)})
     with pytest.raises(InputError, match="trained LoRA adapters; resume it with its --lora-rank"):  # as a full run
         with_pool(lambda pool: train_grpo(GrpoRunConfig(**{**full.__dict__, "out_dir": str(tmp_path / "lora")}),
                                           tiny_model_path(), factory, pool, envs, tmp_warehouse, "run_c"))
@@ -391,4 +396,4 @@ def test_lora_and_bf16_are_refused_for_verl_in_one_line():
 
     for extra in ({"lora_rank": 8}, {"precision": "bf16"}):
         with pytest.raises(InputError, match="--lora-rank and --precision are for training here"):
-            verl_job(GrpoParams(verl=VerlParams(spec_only=True), **extra), None, None, [], None)
+            verl_job(None, GrpoParams(verl=VerlParams(spec_only=True), **extra), [], None)

@@ -9,6 +9,7 @@ import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
+from arenaforge.tasks.train.params import SftParams
 from arenaforge.tasks.train.sft import SftConfig, encode, load_examples, train_sft
 from tests.support.rl import tiny_model_path
 
@@ -46,7 +47,8 @@ def test_only_assistant_tokens_are_trained(data):
 
 
 def test_sft_lowers_loss_checkpoints_and_resumes(tmp_path, data, tmp_warehouse):
-    cfg = SftConfig(out_dir=str(tmp_path / "sft"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2)
+    cfg = SftConfig.from_params(SftParams(epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2),
+                                out_dir=str(tmp_path / "sft"))
     first = train_sft(cfg, tiny_model_path(), data, tmp_warehouse, "run_sft")
     assert first.last_step == 4 and first.metrics[-1]["loss"] < first.metrics[0]["loss"]
     assert [c.step for c in tmp_warehouse.load(Checkpoint)] == [2, 4]
@@ -67,8 +69,8 @@ def test_bf16_mixed_precision_lowers_loss_and_keeps_fp32_weights(tmp_path, data)
     import torch
     from safetensors.torch import load_file
 
-    cfg = SftConfig(out_dir=str(tmp_path / "bf16"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=4,
-                    precision="bf16")
+    cfg = SftConfig.from_params(SftParams(epochs=4, batch_size=3, lr=5e-3, checkpoint_every=4, precision="bf16"),
+                                out_dir=str(tmp_path / "bf16"))
     summary = train_sft(cfg, tiny_model_path(), data)
     assert summary.metrics[-1]["loss"] < summary.metrics[0]["loss"]
     plain = train_sft(SftConfig(**{**cfg.__dict__, "out_dir": str(tmp_path / "fp32"), "precision": "fp32",
@@ -83,7 +85,8 @@ def test_lora_trains_adapters_saves_a_merged_model_and_resumes(tmp_path, data):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    cfg = SftConfig(out_dir=str(tmp_path / "lora"), epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2, lora_rank=4)
+    cfg = SftConfig.from_params(SftParams(epochs=4, batch_size=3, lr=5e-3, checkpoint_every=2, lora_rank=4),
+                                out_dir=str(tmp_path / "lora"))
     first = train_sft(cfg, tiny_model_path(), data)
     assert first.last_step == 4 and first.metrics[-1]["loss"] < first.metrics[0]["loss"]
     ckpt = tmp_path / "lora" / "step-000004"

@@ -36,7 +36,8 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import RolloutConfig, run_episode
+    from arenaforge.tasks.rollout.episodes import run_episode
+    from arenaforge.tasks.train.params import EpisodeParams
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     env = tiny_env()
@@ -44,7 +45,7 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
     path = write_jsonl(examples, tmp_path / "ws.jsonl")
     ids, mask = encode(tok, load_examples(path)[0], 4096)
     episode = with_pool(lambda pool: run_episode(ScriptedEngine(tok, solving_policy(env)), tok, pool, env,
-                                                 RolloutConfig(max_turns=4)))
+                                                 EpisodeParams(max_turns=4).rollout_config()))
     rollout = episode.rollout
     assert rollout.reward.f1 == 1.0
     sequence = rollout.prompt_ids + rollout.response_ids

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 import pytest
 
-from arenaforge.tasks.rollout.episodes import RolloutConfig
+from arenaforge.tasks.train.params import EpisodeParams
 from arenaforge.tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
 from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
 from arenaforge.tasks.train.params import GrpoParams
@@ -76,7 +76,7 @@ def test_agent_core_runs_an_episode_through_the_server_manager(tokenizer, legacy
     manager = ScriptedServerManager(tokenizer, solving_policy(env), legacy=legacy)
 
     def run(pool):
-        core = ArenaAgentCore(manager, tokenizer, pool, RolloutConfig(max_turns=5), environments)
+        core = ArenaAgentCore(manager, tokenizer, pool, EpisodeParams(max_turns=5).rollout_config(), environments)
         return core.run({"temperature": 0.7, "top_p": 0.9}, request_id="req-1", **_sample_kwargs(env))
 
     out = with_pool(run)
@@ -96,7 +96,7 @@ def test_agent_core_neutralises_environment_failures(tokenizer, environments):
     manager = ScriptedServerManager(tokenizer, dying_before(solving_policy(env), {"get_population"}))
 
     def run(pool):
-        return ArenaAgentCore(manager, tokenizer, pool, RolloutConfig(), environments).run({}, request_id="r",
+        return ArenaAgentCore(manager, tokenizer, pool, EpisodeParams().rollout_config(), environments).run({}, request_id="r",
                                                                                           **_sample_kwargs(env))
 
     out = with_pool(run)

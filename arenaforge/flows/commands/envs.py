@@ -12,6 +12,7 @@ from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
+from arenaforge.tasks.envs.distractors import BANDS
 from arenaforge.tasks.envs.pipeline import EnvsSpec
 
 app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
@@ -22,7 +23,20 @@ SYNTH_OPTIONS = ParamsOptions(
     flags={"sources": ("--source", "-s"), "n": ("--n", "-n"), "structures": "--structure",
            "seed_questions": "--seed-question", "qs_threshold": "--threshold", "qs_percentile": "--percentile",
            "merge_across": "--merge-across/--merge-within"})
-_MIX = EnvsSpec().mix()
+_MIX = {band: EnvsSpec.model_fields[f"distractors_{band}"].default for band in BANDS}
+
+
+def distractor_fields(text: str) -> dict[str, int]:
+    """`--distractors` ('high=1,medium=1,low=1' or '1,1,1') as EnvsSpec's distractors_* fields; a band not named
+    keeps its default. ValueError when the text names another band or is neither form."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if all("=" not in p for p in parts) and len(parts) == 3:
+        counts = dict(zip(BANDS, (int(p) for p in parts)))
+    else:
+        counts = {**_MIX, **{k.strip(): int(v) for k, v in (p.split("=", 1) for p in parts)}}
+    if set(counts) != set(BANDS):
+        raise ValueError(f"bands are {', '.join(BANDS)}")
+    return {f"distractors_{band}": n for band, n in counts.items()}
 
 
 @app.command("synth")
@@ -30,21 +44,19 @@ _MIX = EnvsSpec().mix()
 def synth(
     ctx: typer.Context,
     fields: dict[str, Any],
-    distractors: str = typer.Option(f"{_MIX.high},{_MIX.medium},{_MIX.low}",
+    distractors: str = typer.Option(",".join(str(_MIX[band]) for band in BANDS),
                                     help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
 ) -> None:
     """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
     from arenaforge.flows.envs_flows import EnvsParams, envs
-    from arenaforge.tasks.envs.distractors import DistractorMix
 
     st = state(ctx)
     try:
-        mix = DistractorMix.parse(distractors)
-    except (TypeError, ValueError):
+        mix = distractor_fields(distractors)
+    except ValueError:
         raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
-    params = SYNTH_OPTIONS.build("envs synth", fields, into=EnvsParams, distractors_high=mix.high,
-                                 distractors_medium=mix.medium, distractors_low=mix.low,
-                                 config_path=st.config_path, overrides=st.overrides)
+    params = SYNTH_OPTIONS.build("envs synth", fields, into=EnvsParams, **mix, config_path=st.config_path,
+                                 overrides=st.overrides)
     from arenaforge.flows.outcome import run_and_report
 
     run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))

@@ -96,4 +96,4 @@ def sft_cmd(ctx: typer.Context, fields: dict[str, Any]) -> None:
     if not Path(fields["data"]).is_file():  # before a Prefect server starts for nothing
         raise InputError(f"train sft: --data {fields['data']}: no such file")
     params = SFT_OPTIONS.build("train sft", fields, **_common(ctx))
-    _echo(train_sft(params))
+    _echo(run_flow(train_sft(params)))

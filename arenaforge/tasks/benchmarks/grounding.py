@@ -41,12 +41,12 @@ def _call_diagnostics(rollouts: Sequence[Rollout], envs: dict[str, Environment])
 
 async def _arm(cfg: Any, wh: Warehouse, model_path: str, envs: list[Environment], ground: bool) -> dict[str, Any]:
     from arenaforge.tasks.train.params import PolicyParams, TRAIN_EPISODE
-    from arenaforge.tasks.train.evaluation import evaluate_policy
+    from arenaforge.tasks.train.evaluation import evaluate_as_run
 
     episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0, "ground_arguments": ground})
     started = time.perf_counter()
     rollouts: list[Rollout] = []
-    row = await evaluate_policy(cfg, wh, PolicyParams(model_path=model_path), model_path, envs, episode,
+    row = await evaluate_as_run(cfg, wh, PolicyParams(model_path=model_path), model_path, envs, episode,
                                 label=f"grounding bench, ground_arguments={ground}", rollouts_out=rollouts,
                                 samples=1, seed=0, concurrency=32)
     seconds = time.perf_counter() - started

@@ -108,18 +108,16 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     numbers."""
     from arenaforge.tasks.train.params import EnvSelection, PolicyParams, TRAIN_EPISODE
     from arenaforge.tasks.train.env_selection import matching_envs
-    from arenaforge.tasks.train.evaluation import evaluate_policy
+    from arenaforge.tasks.train.evaluation import evaluate_as_run, widened_output
 
     envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
     if not envs:
         return {"skipped": f"no environments of suite {suite!r} in {suite_db}"}
-    # an imported suite compares whole results and states: never cut them (as `eval --suite` does)
-    cfg = cfg.model_copy(update={"sandbox": cfg.sandbox.model_copy(
-        update={"output_limit_bytes": max(cfg.sandbox.output_limit_bytes, 8 << 20)})})
+    cfg = widened_output(cfg)  # an imported suite compares whole results and states: never cut them (`eval --suite`)
     episode = episode or TRAIN_EPISODE.model_copy(update={"temperature": 0.0})
     out: dict[str, Any] = {"suite": suite, "environments": len(envs)}
     for label, path in paths.items():
-        row = await evaluate_policy(cfg, wh, PolicyParams(model_path=path), path, envs, episode,
+        row = await evaluate_as_run(cfg, wh, PolicyParams(model_path=path), path, envs, episode,
                                     label=f"{label} on {suite}", suite=suite, samples=1, seed=0,
                                     concurrency=concurrency)
         out[label] = {"f1": round(row["f1"], 4), "native": row.get("native"), "episodes": row["episodes"],
@@ -166,6 +164,7 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
     """
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams
     from arenaforge.tasks.train.grpo_job import grpo_job
+    from arenaforge.tasks.train.job_config import open_job_scope
 
     if suite and not (suite_db and Path(suite_db).exists()):  # checked before an hour of training, not after
         raise InputError(f"--suite needs --suite-db: the warehouse the suite was imported into ({suite_db!r} is not one)")
@@ -191,7 +190,8 @@ async def main(out: str = "out/bench-learning", n: int = 2000, model: str = "are
     os.environ["ARENAFORGE_SANDBOX__BACKEND"] = sandbox  # the job reads config itself
     trained = time.perf_counter()
     eval_rollouts: dict[str, list[Rollout]] = {}
-    result = await grpo_job(params, eval_rollouts)
+    async with open_job_scope(params, "train-grpo") as scope:
+        result = await grpo_job(scope, params, eval_rollouts)
     train_s = time.perf_counter() - trained
 
     evals = result.get("eval", {})

@@ -113,7 +113,8 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.params import EnvSelection, SftParams
     from arenaforge.tasks.train.env_selection import select_envs
-    from arenaforge.tasks.train.job_config import config_for
+    from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.tasks.train.job_config import config_for, open_job_scope
     from arenaforge.tasks.train.sft_job import sft_job
     from arenaforge.tasks.train.warmstart_jobs import replay_examples
     from arenaforge.tasks.train.warmstart import write_jsonl
@@ -124,13 +125,16 @@ async def replay_sft(db: Path, wh: Warehouse, root: Path, start: str, limit: int
     cfg = config_for(params)
     envs = select_envs(wh, EnvSelection(split="train", test_share=test_share, split_seed=seed))
     envs = random.Random(seed).sample(envs, min(limit, len(envs)))
-    examples, rejections = await replay_examples(cfg, envs, copy_variants=0, seed=0)
+    async with open_run_scope(cfg, wh, None, training=True) as scope:
+        examples, rejections = await replay_examples(scope, envs, copy_variants=0, seed=0)
     if not examples:
         raise InputError(f"environment replays: no train environment's gold calls replay cleanly ({len(rejections)} "
                          "rejected)")
     data = write_jsonl(examples, root / "sft" / "replays.jsonl")
     steps = -(-len(examples) // batch_size)
-    run = sft_job(params.model_copy(update={"data": str(data), "checkpoint_every": steps}))
+    params = params.model_copy(update={"data": str(data), "checkpoint_every": steps})
+    async with open_job_scope(params, "train-sft") as scope:
+        run = await sft_job(scope, params)
     final = CheckpointManager(root / "train" / "sft-replays").checkpoints()[-1]
     return {"run_id": run["run_id"], "data": str(data), "examples": len(examples), "rejected": len(rejections),
             "steps": final.step, "checkpoint": str(final.path)}
@@ -192,6 +196,7 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.params import EnvSelection, GrpoParams, SftParams
     from arenaforge.tasks.train.grpo_job import grpo_job
+    from arenaforge.tasks.train.job_config import open_job_scope
     from arenaforge.tasks.train.sft_job import sft_job
     from arenaforge.tasks.train.sft import validation_loss
 
@@ -227,10 +232,12 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
 
     # SFT: one checkpoint per epoch, the epoch chosen on the validation rows' loss
     per_epoch = -(-n_train // sft_batch_size)
-    sft = sft_job(SftParams(db=str(db), data=str(train_rows), model_path=base, out_dir=str(root / "train"),
-                            experiment="sft", epochs=sft_epochs, batch_size=sft_batch_size, lr=sft_lr,
-                            max_length=sft_max_length, checkpoint_every=per_epoch, seed=seed, precision="bf16",
-                            lora_rank=lora_rank))
+    sft_params = SftParams(db=str(db), data=str(train_rows), model_path=base, out_dir=str(root / "train"),
+                           experiment="sft", epochs=sft_epochs, batch_size=sft_batch_size, lr=sft_lr,
+                           max_length=sft_max_length, checkpoint_every=per_epoch, seed=seed, precision="bf16",
+                           lora_rank=lora_rank)
+    async with open_job_scope(sft_params, "train-sft") as scope:
+        sft = await sft_job(scope, sft_params)
     losses = {str(c.path): round(validation_loss(c.path, validation_rows, sft_max_length, precision="bf16"), 4)
               for c in CheckpointManager(root / "train" / "sft").checkpoints()}
     chosen = min(losses, key=losses.__getitem__)
@@ -259,7 +266,8 @@ async def main(out: str = "out/bench-learning-pretrained", policy: str = "smollm
                             group_size=group_size, batch_groups=batch_groups,
                             max_groups_per_step=max_groups_per_step, eval_limit=eval_limit, seed=seed,
                             envs=EnvSelection(split="train", test_share=test_share, split_seed=seed))
-        result = await grpo_job(params, eval_rollouts)
+        async with open_job_scope(params, "train-grpo") as scope:
+            result = await grpo_job(scope, params, eval_rollouts)
         wall["grpo_s"] = round(time.perf_counter() - mark, 1)
         f1 = {label: _episode_f1(rows) for label, rows in eval_rollouts.items()}
         evals = result.get("eval", {})

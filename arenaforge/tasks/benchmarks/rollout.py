@@ -31,6 +31,7 @@ from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment, FunctionDoc, RewardBreakdown, Rollout
 from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import Episode, RolloutConfig, run_episode, run_rollouts
+from arenaforge.tasks.train.params import EpisodeParams
 
 _CODE = '''
 import time
@@ -127,7 +128,7 @@ async def _utilisation(tok: Any, rollouts: int, slots: int, calls: int, seconds_
     from arenaforge.environments.runtime import create_pool
 
     envs = _envs(rollouts, calls, seed, tool_min_s, tool_max_s)
-    cfg = RolloutConfig(max_turns=calls + 2, max_length=8192, max_tokens_per_turn=512)
+    cfg = EpisodeParams(max_turns=calls + 2, max_length=8192, max_tokens_per_turn=512).rollout_config()
     out: dict[str, Any] = {}
     pool = await create_pool(SandboxConfig(backend=backend, pool_size=pool_size, max_concurrency=slots * 2))
     try:

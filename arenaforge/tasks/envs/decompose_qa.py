@@ -25,6 +25,7 @@ from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import Evidence, QAInstance, Rejection, SubQA
 
+from arenaforge.tasks.envs.evidence import KINDS
 from arenaforge.tasks.envs.grounding import Ungrounded, check_qa
 from arenaforge.tasks.envs.knowledge import KnowledgeSource
 from arenaforge.tasks.models import ChatModel, NoAnswer, Step, complete_json, graded_by
@@ -116,7 +117,7 @@ EVIDENCE_SCHEMA: dict[str, Any] = {
     "type": ["object", "null"],
     "required": ["kind"],
     "properties": {
-        "kind": {"enum": ["lookup", "count", "sum", "span", "compare"]},
+        "kind": {"enum": list(KINDS)},  # in registration order: the request's bytes (the cache key) depend on it
         "table": {"type": ["string", "null"]}, "key": {"type": ["string", "null"]}, "value": {},
         "column": {"type": ["string", "null"]}, "text": {"type": ["string", "null"]},
         "passage": {"type": ["string", "null"]},

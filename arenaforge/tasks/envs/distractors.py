@@ -32,21 +32,14 @@ BANDS = ("high", "medium", "low")
 
 @dataclass(frozen=True)
 class DistractorMix:
-    high: int = 1
-    medium: int = 1
-    low: int = 1
+    """Distractor tools per similarity band; the defaults are `EnvsSpec`'s (`EnvsSpec.mix`)."""
+
+    high: int
+    medium: int
+    low: int
 
     def as_dict(self) -> dict[str, int]:
         return {"high": self.high, "medium": self.medium, "low": self.low}
-
-    @classmethod
-    def parse(cls, text: str) -> "DistractorMix":
-        """'high=1,medium=1,low=1' or '1,1,1'."""
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if all("=" not in p for p in parts) and len(parts) == 3:
-            return cls(*(int(p) for p in parts))
-        values = {k.strip(): int(v) for k, v in (p.split("=", 1) for p in parts)}
-        return cls(**values)
 
 
 def tool_text(doc: FunctionDoc) -> str:

@@ -63,15 +63,17 @@ class SandboxPool(Protocol):
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    max_turns: int = 8
-    max_length: int = 2048  # response tokens (model + observations), the paper's "max length"
-    max_tokens_per_turn: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    """One episode's limits and sampling, built from `EpisodeParams` (`rollout_config`), which holds the defaults."""
+
+    max_turns: int
+    max_length: int  # response tokens (model + observations), the paper's "max length"
+    max_tokens_per_turn: int
+    temperature: float
+    top_p: float
+    constrain_tool_calls: bool  # engines that support it decode calls to this env's tools/keys only
+    ground_arguments: bool  # ... and copy top-level argument values from the conversation
     system_prompt: str | None = DEFAULT_SYSTEM
     seed: int | None = None
-    constrain_tool_calls: bool = True  # engines that support it decode calls to this env's tools/keys only
-    ground_arguments: bool = True  # ... and copy top-level argument values from the conversation
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,9 +23,9 @@ from arenaforge.tasks.rollout.episodes import RolloutConfig, SandboxPool, run_ro
 
 @dataclass(frozen=True)
 class EvalConfig:
+    rollout: RolloutConfig  # built from the eval's EpisodeParams, which hold the limits' defaults
     samples: int = 1
     concurrency: int = 32
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(temperature=0.0))
 
 
 def _reason(r: Rollout) -> str | None:
@@ -57,7 +57,7 @@ def summarise(rollouts: Sequence[Rollout], *, policy: str, engine: str, env_ids:
 
 
 async def evaluate(engine: PolicyEngine, tokenizer: Any, pool: SandboxPool, envs: Sequence[Environment],
-                   cfg: EvalConfig = EvalConfig(), run_id: str | None = None, label: str | None = None,
+                   cfg: EvalConfig, run_id: str | None = None, label: str | None = None,
                    suite: str | None = None) -> tuple[EvalRun, list[Rollout]]:
     """(summary, rollouts) of `engine` on `envs`; rollouts carry `run_id` for storage."""
     started_at = datetime.now(UTC).isoformat(timespec="microseconds")

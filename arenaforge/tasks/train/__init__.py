@@ -8,11 +8,12 @@
     checkpoints.py   weights every k steps, optimizer state for the newest 1-2 only
     tiny_model.py    random Qwen3 + locally trained tokenizer for tests
 
-The jobs (typed params in, a small summary out; shared by the CLI, the flows and the benchmarks), one per module:
+The jobs (a training run scope and typed params in, a small summary out; shared by the CLI, the flows and the
+benchmarks; `job_config.open_job_scope` opens the scope and records the run), one per module:
 
     rollout_job.py     `rollout`                 evaluation.py      `eval` (evaluate_policy: one eval run)
     grpo_job.py        `train grpo`              warmstart_jobs.py  `warmstart` data, the warm-start SFT
     sft_job.py         `train sft`               verl_handoff.py    `train grpo` written/submitted as a verl job
-and what they share: job_config.py (config, out dir), model_paths.py (--model-path), env_selection.py (envs and
-split), policy_engines.py (the engine, by its declared traits), job_sandbox.py (the sandbox pool).
+and what they share: job_config.py (config, run scope, out dir), model_paths.py (--model-path), env_selection.py
+(envs and split), policy_engines.py (the engine, by its declared traits).
 """

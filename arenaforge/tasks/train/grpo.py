@@ -163,6 +163,11 @@ def batch_advantages(groups: Sequence[Sequence[Rollout]]) -> list[float]:
 class GrpoTrainer:
     """Owns the model, optimizer and constant-with-warmup scheduler; `step(groups)` is one update."""
 
+    @classmethod
+    def from_params(cls, model: Any, tokenizer: Any, params: GrpoParams) -> GrpoTrainer:
+        """The trainer `params` configure (its config built here, where it is used)."""
+        return cls(model, tokenizer, GrpoConfig.from_params(params))
+
     def __init__(self, model: Any, tokenizer: Any, cfg: GrpoConfig) -> None:
         self.model = model
         self.tokenizer = tokenizer

@@ -6,45 +6,43 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ConfigError
 from arenaforge.schemas.models import Rollout
 from arenaforge.tasks.policy.registry import engine_kind
+from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.train.env_selection import matching_envs, select_envs
-from arenaforge.tasks.train.evaluation import evaluate_policy
-from arenaforge.tasks.train.job_config import config_for, out_dir_for
-from arenaforge.tasks.train.job_sandbox import sandbox_pool
+from arenaforge.tasks.train.evaluation import eval_run_params, evaluate_policy
+from arenaforge.tasks.train.job_config import out_dir_for
 from arenaforge.tasks.train.model_paths import BASE_POLICIES, local_model_path
 from arenaforge.tasks.train.params import GrpoParams
 from arenaforge.tasks.train.policy_engines import engine_factory
 from arenaforge.tasks.train.verl_handoff import verl_job
 from arenaforge.tasks.train.warmstart_jobs import warmstart_sft
-from arenaforge.warehouse import Warehouse, recorded_run
 
 log = logging.getLogger("arenaforge.train")
 
 
-async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] | None = None) -> dict[str, Any]:
-    """GRPO on one node, or — with verl.ray_address / verl.spec_only — the verl job hand-off.
+async def grpo_job(scope: RunScope, params: GrpoParams,
+                   eval_rollouts: dict[str, list[Rollout]] | None = None) -> dict[str, Any]:
+    """GRPO on one node as the scope's (`train-grpo`) run, or — with verl.ray_address / verl.spec_only — the verl job
+    hand-off. The evaluations and the warm start are runs of their own (`scope.stage_run`), on the scope's pool.
 
     `eval_rollouts` receives each evaluated stage's rollouts by label (for paired comparisons: the warehouse keeps an
     identical rollout once, under the run that first made it)."""
-    cfg = config_for(params)
-    wh = Warehouse.from_config(cfg.warehouse)
+    cfg, wh = scope.cfg, scope.wh
     envs = select_envs(wh, params.envs)
     out = out_dir_for(cfg, params.out_dir, params.experiment)
-    if not params.verl.ray_address and cfg.train.ray_address:  # a configured cluster: scale out
-        verl = params.verl.model_copy(update={"ray_address": cfg.train.ray_address})
-        params = params.model_copy(update={"verl": verl})
+    params = on_configured_cluster(params, cfg)
     engine = engine_kind(params.engine)
     if params.warmstart_steps and (not engine.warm_start or params.verl.ray_address or params.verl.spec_only):
         raise ConfigError("--warmstart-steps trains a local copy (engines hf, vllm-local); for a vllm server or verl "
                           "run `train warmstart` + `train sft` and serve/pass that checkpoint")
     if params.verl.ray_address or params.verl.spec_only:
-        return verl_job(params, cfg, wh, envs, out)
+        return verl_job(scope, params, envs, out)
     from arenaforge.tasks.train.checkpoints import CheckpointManager
     from arenaforge.tasks.train.curves import write_run_curves
-    from arenaforge.tasks.train.grpo import GrpoConfig
-    from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.tasks.train.run_grpo import train_grpo_in
     from arenaforge.tasks.train.splits import ensure_splits
 
     path = local_model_path(params.model_path)
@@ -58,41 +56,47 @@ async def grpo_job(params: GrpoParams, eval_rollouts: dict[str, list[Rollout]] |
     async def stage_eval(label: str, model: str) -> None:
         if test_envs:
             log.info(f"evaluating {label} on {len(test_envs)} test environments")
-            evals[label] = await evaluate_policy(cfg, wh, params, model, test_envs, eval_episode, samples=1, seed=params.seed,
-                                                 concurrency=params.concurrency, label=label,
-                                                 rollouts_out=None if eval_rollouts is None else
-                                                 eval_rollouts.setdefault(label, []))
+            with scope.stage_run("eval", eval_run_params(model, label, test_envs)) as stage:
+                evals[label] = await evaluate_policy(stage, params, model, test_envs, eval_episode, samples=1,
+                                                     seed=params.seed, concurrency=params.concurrency, label=label,
+                                                     rollouts_out=None if eval_rollouts is None else
+                                                     eval_rollouts.setdefault(label, []))
             log.info(f"{label}: test F1 {evals[label]['f1']:.3f}")
 
     await stage_eval("untrained" if params.model_path in (None, *BASE_POLICIES) else "start", path)
     warm: dict[str, Any] = {}
     if params.warmstart_steps:
-        warm = await warmstart_sft(params, cfg, wh, envs, path, out.with_name(f"{out.name}-warmstart"))
+        with scope.stage_run("train-warmstart", params.model_dump(mode="json")) as stage:
+            warm = await warmstart_sft(stage, params, envs, path, out.with_name(f"{out.name}-warmstart"))
         path = warm["checkpoint"]
         await stage_eval("warm start", path)
-    run_cfg = GrpoRunConfig.from_params(params, out_dir=str(out), grpo=GrpoConfig.from_params(
-        params, skip_forced_tokens=params.skip_forced_tokens and engine.skips_forced_tokens))
     factory = engine_factory(params.model_copy(update={"model_path": path}))
     structures = {env_id: row.stratum for env_id, row in
                   ensure_splits(wh, scheme=params.envs.scheme, test_share=params.envs.test_share,
                                 seed=params.envs.split_seed).items()}
-    with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
-        async with sandbox_pool(cfg) as pool:
-            summary = await train_grpo(run_cfg, path, factory, pool, envs, wh, run.id, structures)
-        counts["steps"] = summary.last_step - summary.first_step + 1
-        counts["checkpoints"] = len(summary.checkpoints)
+    trained = params.model_copy(update={"skip_forced_tokens": params.skip_forced_tokens and engine.skips_forced_tokens})
+    summary = await train_grpo_in(scope, trained, str(out), path, factory, envs, structures)
+    scope.counts["steps"] = summary.last_step - summary.first_step + 1
+    scope.counts["checkpoints"] = len(summary.checkpoints)
     final = str(CheckpointManager(out).checkpoints()[-1].path)
     await stage_eval("warm start + GRPO" if warm else "GRPO", final)
-    curves = write_run_curves(wh, cfg.out_dir, "train-grpo", summary.experiment, run.id, warm.get("run_id"))
+    curves = write_run_curves(wh, cfg.out_dir, "train-grpo", summary.experiment, scope.run_id, warm.get("run_id"))
     last = summary.metrics[-1] if summary.metrics else {}
     steps = summary.metrics
-    return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
+    return {"run_id": scope.run_id, "experiment": summary.experiment, "first_step": summary.first_step,
             "last_step": summary.last_step, "resumed_from": summary.resumed_from, "checkpoints": summary.checkpoints,
             "final_checkpoint": final, "last_metrics": last,
             "skipped_steps": int(sum(m.get("skipped", 0) for m in steps)),
             "zero_variance_share": _mean_of(steps, "zero_variance_share"),
             **({"warmstart": warm} if warm else {}), **({"eval": evals} if evals else {}),
             **({"curves_png": str(curves)} if curves else {})}
+
+
+def on_configured_cluster(params: GrpoParams, cfg: Config) -> GrpoParams:
+    """`params` scaled out to the config's cluster (train.ray_address) unless they name one themselves."""
+    if params.verl.ray_address or not cfg.train.ray_address:
+        return params
+    return params.model_copy(update={"verl": params.verl.model_copy(update={"ray_address": cfg.train.ray_address})})
 
 
 def _mean_of(rows: Sequence[dict[str, float]], key: str) -> float | None:

@@ -73,10 +73,7 @@ class EpisodeParams(BaseModel):
                                    "numbers that appear in it; free when it has none).")
 
     def rollout_config(self, seed: int | None = None) -> RolloutConfig:
-        return RolloutConfig(max_turns=self.max_turns, max_length=self.max_length,
-                             max_tokens_per_turn=self.max_tokens_per_turn, temperature=self.temperature,
-                             top_p=self.top_p, seed=seed, constrain_tool_calls=self.constrain_tool_calls,
-                             ground_arguments=self.ground_arguments)
+        return RolloutConfig(**self.model_dump(), seed=seed)
 
 
 # The episode limits training uses; evaluation of a trained policy uses the same limits, greedy.

@@ -5,33 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from arenaforge.tasks.rollout.episodes import env_failure_rejections
+from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.train.env_selection import select_envs
-from arenaforge.tasks.train.job_config import config_for
-from arenaforge.tasks.train.job_sandbox import sandbox_pool
 from arenaforge.tasks.train.model_paths import local_model_path
 from arenaforge.tasks.train.params import RolloutParams
 from arenaforge.tasks.train.policy_engines import load_tokenizer, policy_engine
-from arenaforge.warehouse import Warehouse, recorded_run
 
 
-async def rollout_job(params: RolloutParams, flow: str = "rollout") -> dict[str, Any]:
-    """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward."""
+async def rollout_job(scope: RunScope, params: RolloutParams) -> dict[str, Any]:
+    """Roll out a policy on warehouse environments; rollouts are stored with the F1 reward (in the scope's run)."""
     from arenaforge.tasks.rollout.episodes import run_rollouts
 
-    cfg = config_for(params)
-    wh = Warehouse.from_config(cfg.warehouse)
+    wh, counts = scope.wh, scope.counts
     envs = select_envs(wh, params.envs)
     path = local_model_path(params.model_path)
     tokenizer = load_tokenizer(path)
-    with recorded_run(wh, flow, params.model_dump(mode="json")) as (run, counts):
-        engine = policy_engine(params, path, tokenizer)
-        async with sandbox_pool(cfg) as pool:
-            episodes = await run_rollouts(engine, tokenizer, pool, envs, params.episode.rollout_config(params.seed),
-                                          params.samples, params.concurrency)
-        rollouts = [e.rollout.model_copy(update={"run_id": run.id}) for e in episodes]
-        rejections = env_failure_rejections(rollouts)
-        counts["rollouts"] = wh.upsert([*rollouts, *rejections]) - len(rejections)
-        counts["env_failures"] = sum(r.status == "env_failure" for r in rollouts)
+    engine = policy_engine(params, path, tokenizer)
+    episodes = await run_rollouts(engine, tokenizer, await scope.sandbox(), envs,
+                                  params.episode.rollout_config(params.seed), params.samples, params.concurrency)
+    rollouts = [e.rollout.model_copy(update={"run_id": scope.run_id}) for e in episodes]
+    rejections = env_failure_rejections(rollouts)
+    counts["rollouts"] = wh.upsert([*rollouts, *rejections]) - len(rejections)
+    counts["env_failures"] = sum(r.status == "env_failure" for r in rollouts)
     scored = [r for r in rollouts if r.status != "env_failure"]
-    return {"run_id": run.id, "rollouts": len(rollouts), "env_failures": counts["env_failures"],
+    return {"run_id": scope.run_id, "rollouts": len(rollouts), "env_failures": counts["env_failures"],
             "mean_f1": sum(r.reward.f1 for r in scored) / len(scored) if scored else 0.0}

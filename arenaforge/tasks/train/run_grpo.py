@@ -30,10 +30,11 @@ from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
 from arenaforge.schemas.models import Environment, Rollout
 from arenaforge.tasks.policy.base import PolicyEngine
 from arenaforge.tasks.rollout.episodes import Episode, RolloutConfig, SandboxPool, env_failure_rejections, stream_groups
+from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.train.batching import AdaptiveBatcher
 from arenaforge.tasks.train.checkpoints import CheckpointManager
 from arenaforge.tasks.train.curriculum import Curriculum
-from arenaforge.tasks.train.grpo import GrpoConfig, GrpoTrainer
+from arenaforge.tasks.train.grpo import GrpoTrainer
 from arenaforge.tasks.train.params import GrpoParams, derived_values
 from arenaforge.tasks.train.sft import merged, with_lora
 from arenaforge.warehouse import Warehouse
@@ -55,7 +56,7 @@ class GrpoRunConfig:
     """A GRPO run's loop. The settings GrpoParams declares (same names) have no default here: `from_params`."""
 
     out_dir: str
-    grpo: GrpoConfig
+    trainer: GrpoParams  # the trainer's settings: GrpoTrainer.from_params builds its config from them where it is used
     rollout: RolloutConfig
     steps: int
     batch_groups: int  # groups per optimisation batch (paper: 256 prompts)
@@ -72,9 +73,9 @@ class GrpoRunConfig:
     in_flight_groups: int = 4
 
     @classmethod
-    def from_params(cls, params: GrpoParams, out_dir: str, grpo: GrpoConfig, **changes: Any) -> GrpoRunConfig:
-        """The run `params` describe (its episodes sampled from its seed), with `changes`."""
-        return cls(**{**derived_values(cls, params), "out_dir": out_dir, "grpo": grpo,
+    def from_params(cls, params: GrpoParams, out_dir: str, **changes: Any) -> GrpoRunConfig:
+        """The run `params` describe (its trainer's too; its episodes sampled from its seed), with `changes`."""
+        return cls(**{**derived_values(cls, params), "out_dir": out_dir, "trainer": params,
                       "rollout": params.episode.rollout_config(params.seed), **changes})
 
 
@@ -146,6 +147,14 @@ def step_line(algorithm: str, step: int, total: int, metrics: dict[str, float]) 
             f"{int(metrics['groups_generated'])}, {skipped}")
 
 
+async def train_grpo_in(scope: RunScope, params: GrpoParams, out_dir: str, model_path: str,
+                        engine_factory: EngineFactory, envs: Sequence[Environment],
+                        structures: dict[str, str]) -> GrpoSummary:
+    """The GRPO run `params` describe, as the scope's run on its sandbox pool (`train_grpo`)."""
+    return await train_grpo(GrpoRunConfig.from_params(params, out_dir=out_dir), model_path, engine_factory,
+                            await scope.sandbox(), envs, scope.wh, scope.run_id, structures)
+
+
 async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory: EngineFactory,
                      pool: SandboxPool, envs: Sequence[Environment], wh: Warehouse | None = None,
                      run_id: str | None = None, structures: dict[str, str] | None = None) -> GrpoSummary:
@@ -156,8 +165,8 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
     out = Path(cfg.out_dir)
     experiment = out.name
     manager = CheckpointManager(out, cfg.checkpoint_every, cfg.keep_optimizer)
-    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device, cfg.grpo.lora_rank)
-    trainer = GrpoTrainer(model, tokenizer, cfg.grpo)
+    model, tokenizer, saved, source = load_policy(model_path, manager, cfg.device, cfg.trainer.lora_rank)
+    trainer = GrpoTrainer.from_params(model, tokenizer, cfg.trainer)
     step, cursor = 0, 0
     if saved is not None:
         state, meta = CheckpointManager.load_state(saved)
@@ -208,7 +217,7 @@ async def train_grpo(cfg: GrpoRunConfig, model_path: str | Path, engine_factory:
                                      metrics=metrics, run_id=run_id))
             if manager.due(step, last=step == cfg.steps):
                 state = {**trainer.state_dict(), "torch_rng": torch.get_rng_state()}
-                ckpt = manager.save(step, merged(model) if cfg.grpo.lora_rank else model, tokenizer, state,
+                ckpt = manager.save(step, merged(model) if cfg.trainer.lora_rank else model, tokenizer, state,
                                     {"groups_launched": launched, "algorithm": "grpo", "seed": cfg.seed})
                 summary.checkpoints.append(str(ckpt.path))
                 records.append(Checkpoint(experiment=experiment, algorithm="grpo", step=step, path=str(ckpt.path),

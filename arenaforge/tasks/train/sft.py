@@ -31,6 +31,7 @@ import torch
 from arenaforge.schemas.errors import ConfigError, InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
 from arenaforge.tasks.train.checkpoints import CheckpointManager
+from arenaforge.tasks.train.params import SftParams, derived_values
 from arenaforge.warehouse import Warehouse
 
 log = logging.getLogger("arenaforge.train")
@@ -39,21 +40,28 @@ LOG_EVERY = 10  # steps between progress lines
 
 @dataclass(frozen=True)
 class SftConfig:
+    """One SFT run; its settings' defaults are `SftParams`' (`from_params`), the rest are the trainer's own."""
+
     out_dir: str
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 4
-    lr: float = 1e-5
-    max_length: int = 4096
+    epochs: int
+    max_steps: int | None
+    batch_size: int
+    lr: float
+    max_length: int
+    checkpoint_every: int
+    keep_optimizer: int
+    seed: int
+    precision: str  # "bf16": forward and backward under bf16 autocast; weights and optimizer stay fp32
+    lora_rank: int  # > 0: train LoRA adapters of this rank on every linear layer; checkpoints are merged
     warmup_steps: int = 0
     decay: bool = False  # after warm-up, decay the lr linearly to 10% at the last step (warm start from scratch)
     max_grad_norm: float = 1.0
-    checkpoint_every: int = 50
-    keep_optimizer: int = 2
-    seed: int = 0
     device: str = "cpu"
-    precision: str = "fp32"  # "bf16": forward and backward under bf16 autocast; weights and optimizer stay fp32
-    lora_rank: int = 0  # > 0: train LoRA adapters of this rank on every linear layer; checkpoints are merged
+
+    @classmethod
+    def from_params(cls, params: SftParams, **changes: Any) -> SftConfig:
+        """The params' values of this config's fields, with `changes` (out_dir, and what a warm start sets)."""
+        return cls(**{**derived_values(cls, params), **changes})
 
 
 @dataclass

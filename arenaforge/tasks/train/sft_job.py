@@ -6,32 +6,27 @@ from pathlib import Path
 from typing import Any
 
 from arenaforge.schemas.errors import InputError
-from arenaforge.tasks.train.job_config import config_for, out_dir_for
+from arenaforge.tasks.run_scope import RunScope
+from arenaforge.tasks.train.job_config import out_dir_for
 from arenaforge.tasks.train.model_paths import local_model_path
 from arenaforge.tasks.train.params import SftParams
-from arenaforge.warehouse import Warehouse, recorded_run
 
 
-def sft_job(params: SftParams) -> dict[str, Any]:
+async def sft_job(scope: RunScope, params: SftParams) -> dict[str, Any]:
+    """SFT as the scope's (`train-sft`) run; its curves drawn from the steps it recorded."""
     from arenaforge.tasks.train.curves import write_run_curves
     from arenaforge.tasks.train.sft import SftConfig, train_sft
 
-    cfg = config_for(params)
+    cfg, wh = scope.cfg, scope.wh
     data = params.data or str(Path(cfg.out_dir) / "sft.jsonl")
     if not Path(data).is_file():
         raise InputError(f"train-sft: data {data}: no such file (write it with `arenaforge sft export`, or set data)")
-    wh = Warehouse.from_config(cfg.warehouse)
-    out = out_dir_for(cfg, params.out_dir, params.experiment)
-    sft_cfg = SftConfig(out_dir=str(out), epochs=params.epochs, max_steps=params.max_steps,
-                        batch_size=params.batch_size, lr=params.lr, max_length=params.max_length,
-                        checkpoint_every=params.checkpoint_every, keep_optimizer=params.keep_optimizer,
-                        seed=params.seed, precision=params.precision, lora_rank=params.lora_rank)
-    with recorded_run(wh, "train-sft", params.model_dump(mode="json")) as (run, counts):
-        summary = train_sft(sft_cfg, local_model_path(params.model_path), data, wh, run.id)
-        counts["steps"] = summary.last_step - summary.first_step + 1
-        counts["skipped_examples"] = summary.skipped
-    curves = write_run_curves(wh, cfg.out_dir, "train-sft", summary.experiment, run.id)
-    return {"run_id": run.id, "experiment": summary.experiment, "first_step": summary.first_step,
+    sft_cfg = SftConfig.from_params(params, out_dir=str(out_dir_for(cfg, params.out_dir, params.experiment)))
+    summary = train_sft(sft_cfg, local_model_path(params.model_path), data, wh, scope.run_id)
+    scope.counts["steps"] = summary.last_step - summary.first_step + 1
+    scope.counts["skipped_examples"] = summary.skipped
+    curves = write_run_curves(wh, cfg.out_dir, "train-sft", summary.experiment, scope.run_id)
+    return {"run_id": scope.run_id, "experiment": summary.experiment, "first_step": summary.first_step,
             "last_step": summary.last_step, "resumed_from": summary.resumed_from,
             "last_loss": summary.metrics[-1]["loss"] if summary.metrics else None,
             **({"curves_png": str(curves)} if curves else {})}

@@ -6,16 +6,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Environment
+from arenaforge.tasks.run_scope import RunScope
 from arenaforge.tasks.train.env_selection import matching_envs
 from arenaforge.tasks.train.model_paths import model_path_for
 from arenaforge.tasks.train.params import GrpoParams
-from arenaforge.warehouse import Warehouse, recorded_run
 
 
-def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Environment], out: Path) -> dict[str, Any]:
+def verl_job(scope: RunScope, params: GrpoParams, envs: Sequence[Environment], out: Path) -> dict[str, Any]:
+    """The verl job of `params` written (and, with a Ray address, submitted) as the scope's run."""
     from arenaforge.tasks.verl.job import VerlJobSpec, submit, write_job
 
     v = params.verl
@@ -23,10 +23,9 @@ def verl_job(params: GrpoParams, cfg: Config, wh: Warehouse, envs: Sequence[Envi
         raise InputError("train grpo: --lora-rank and --precision are for training here; verl's actor has its own "
                          "(actor_rollout_ref.model.lora_rank, its FSDP mixed precision) in the written job")
     spec = VerlJobSpec.from_params(params, model_path=model_path_for(params.model_path), out_dir=str(out / "verl"))
-    eval_envs = matching_envs(wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
-    with recorded_run(wh, "train-grpo", params.model_dump(mode="json")) as (run, counts):
-        job = write_job(spec, envs, eval_envs)
-        job_id = None if v.spec_only or not v.ray_address else submit(job, v.ray_address)
-        counts["environments"] = len(envs)
-    return {"run_id": run.id, "verl_job": str(Path(spec.out_dir) / "job.json"), "ray_job_id": job_id,
+    eval_envs = matching_envs(scope.wh, params.envs.model_copy(update={"split": "test", "env_ids": [], "limit": None}))
+    job = write_job(spec, envs, eval_envs)
+    job_id = None if v.spec_only or not v.ray_address else submit(job, v.ray_address)
+    scope.counts["environments"] = len(envs)
+    return {"run_id": scope.run_id, "verl_job": str(Path(spec.out_dir) / "job.json"), "ray_job_id": job_id,
             "entrypoint": job.entrypoint}

@@ -21,7 +21,7 @@ from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
 
 from arenaforge.schemas.config import load_config
-from arenaforge.tasks.rollout.episodes import RolloutConfig
+from arenaforge.tasks.train.params import EpisodeParams
 from arenaforge.tasks.verl.agent_loop import ArenaAgentCore
 from arenaforge.tasks.verl.dataset import AGENT_NAME, load_environment
 from arenaforge.tasks.verl.tool import ArenaTool
@@ -46,11 +46,11 @@ class ArenaAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.environments = environments
         rollout = self.config.actor_rollout_ref.rollout
-        self.rollout_cfg = RolloutConfig(
-            max_turns=int(rollout.multi_turn.max_assistant_turns or 8),
+        self.rollout_cfg = EpisodeParams(
+            max_turns=int(rollout.multi_turn.max_assistant_turns or EpisodeParams().max_turns),
             max_length=int(rollout.response_length),
             max_tokens_per_turn=int(rollout.response_length),
-        )
+        ).rollout_config()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         core = ArenaAgentCore(self.server_manager, self.tokenizer, await _pool(), self.rollout_cfg, self.environments)

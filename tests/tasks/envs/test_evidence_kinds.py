@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import typing
 
 import pytest
@@ -15,6 +17,16 @@ def test_every_kind_the_record_allows_has_its_class() -> None:
     allowed = typing.get_args(Evidence.model_fields["kind"].annotation)
     assert list(KINDS) == list(allowed)
     assert all(KINDS[name].name == name for name in allowed)
+
+
+def test_the_decomposition_schema_lists_the_registered_kinds_in_the_requests_bytes() -> None:
+    """The answer schema's kind enum comes from `KINDS`; the request (its hash is the LLM cache key) is the one the
+    hand-written enum made. A new kind changes the requests on purpose: then this hash changes with it."""
+    from arenaforge.tasks.envs.decompose_qa import DECOMPOSE, EVIDENCE_SCHEMA
+
+    assert EVIDENCE_SCHEMA["properties"]["kind"] == {"enum": list(KINDS)}
+    sent = json.dumps(DECOMPOSE.schema, ensure_ascii=False).encode()
+    assert hashlib.sha256(sent).hexdigest() == "995b591a30bed3ae382a5153e32cde03d19b6eb44640fab9233b1b090602b4c5"
 
 
 @pytest.mark.parametrize(("evidence", "line"), [

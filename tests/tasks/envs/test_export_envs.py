@@ -18,9 +18,10 @@ from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors
+from arenaforge.tasks.envs.distractors import choose_distractors
 from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl, write_verl
 from arenaforge.tasks.envs.knowledge import load_sample
+from arenaforge.tasks.envs.pipeline import EnvsSpec
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments
 from arenaforge.tasks.envs.tool_impl import assemble
 from arenaforge.tasks.embeddings import embed
@@ -44,7 +45,7 @@ def envs() -> list[Environment]:
 
     drafts = asyncio.run(go())
     src.close()
-    chosen = choose_distractors(drafts, DistractorMix(), embed)
+    chosen = choose_distractors(drafts, EnvsSpec().mix(), embed)
     return [assemble(d.qa, d.tools, c.tools, [t.name for t in c.tools], None) for d, c in zip(drafts, chosen, strict=True)]
 
 

@@ -23,7 +23,7 @@ from arenaforge.schemas.models import Environment, Rejection
 from arenaforge.tasks.envs.export import export_environments
 from arenaforge.tasks.envs.import_harbor import read_task
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.episodes import RolloutConfig
+from arenaforge.tasks.train.params import EpisodeParams
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection
 from arenaforge.tasks.train.env_selection import matching_envs
@@ -93,7 +93,7 @@ def run_eval(envs: list[Environment], respond) -> tuple:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
-    config = EvalConfig(rollout=RolloutConfig(temperature=0.0, max_turns=4, max_length=8000, max_tokens_per_turn=1000))
+    config = EvalConfig(rollout=EpisodeParams(temperature=0.0, max_turns=4, max_length=8000, max_tokens_per_turn=1000).rollout_config())
 
     async def scenario():
         async with RoutedPool(await create_pool(sandbox_cfg()), TaskContainers(call_timeout_s=60)) as pool:

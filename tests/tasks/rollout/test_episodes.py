@@ -8,12 +8,12 @@ import pytest
 
 from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.episodes import (
-    RolloutConfig,
     parse_tool_calls,
     render_observations,
     run_episode,
     run_rollouts,
 )
+from arenaforge.tasks.train.params import EpisodeParams
 from tests.support.rl import call_text, dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 
@@ -40,7 +40,7 @@ def test_solving_episode_keeps_engine_tokens_and_masks_observations(tokenizer):
     engine = ScriptedEngine(tokenizer, solving_policy(env), logprob=-0.5)
 
     async def episode_and_stats(pool):
-        return await run_episode(engine, tokenizer, pool, env, RolloutConfig()), pool.stats()
+        return await run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config()), pool.stats()
 
     episode, stats = with_pool(episode_and_stats)
     r = episode.rollout
@@ -67,7 +67,7 @@ def test_malformed_and_failing_calls_count_against_precision(tokenizer):
     turns = ["<tool_call>{oops}</tool_call>", call_text("get_capital", country="Nowhere"),
              call_text("get_capital", country="Freedonia"), "done"]
     engine = ScriptedEngine(tokenizer, lambda _p, i: turns[i])
-    r = with_pool(lambda pool: run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout
+    r = with_pool(lambda pool: run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config())).rollout
     assert r.status == "finished"
     assert (r.format_errors, r.tool_errors, r.reward.calls, r.reward.solved) == (1, 1, 3, 1)
     assert r.reward.recall == 0.5 and r.reward.precision == pytest.approx(1 / 3)
@@ -79,7 +79,7 @@ def test_stops_at_max_turns_and_max_length(tokenizer):
 
     async def both(pool):
         return [(await run_episode(loop, tokenizer, pool, env, cfg)).rollout
-                for cfg in (RolloutConfig(max_turns=2), RolloutConfig(max_length=20))]
+                for cfg in (EpisodeParams(max_turns=2).rollout_config(), EpisodeParams(max_length=20).rollout_config())]
 
     r, short = with_pool(both)
     assert r.status == "max_turns" and r.reward.calls == 2
@@ -91,7 +91,7 @@ def test_sandbox_failure_is_env_failure_not_reward_zero(tokenizer):
     engine = ScriptedEngine(tokenizer, dying_before(solving_policy(env), {"get_population"}))
 
     async def episode_and_stats(pool):
-        return (await run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout, pool.stats()
+        return (await run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config())).rollout, pool.stats()
 
     r, stats = with_pool(episode_and_stats)
     assert r.status == "env_failure" and "sandbox worker" in r.failure_reason
@@ -101,7 +101,7 @@ def test_sandbox_failure_is_env_failure_not_reward_zero(tokenizer):
 def test_rollouts_overlap_generation_with_tool_calls(tokenizer):
     envs = [tiny_env(country=f"C{i}") for i in range(4)]
     engine = ScriptedEngine(tokenizer, lambda p, i: "answer", seconds_per_token=0.0)
-    episodes = with_pool(lambda pool: run_rollouts(engine, tokenizer, pool, envs, RolloutConfig(), samples=3), size=2)
+    episodes = with_pool(lambda pool: run_rollouts(engine, tokenizer, pool, envs, EpisodeParams().rollout_config(), samples=3), size=2)
     assert len(episodes) == 12
     assert [e.rollout.env_id for e in episodes[:3]] == [envs[0].id] * 3
     assert {e.rollout.sample for e in episodes} == {0, 1, 2}
@@ -126,7 +126,7 @@ def test_rollouts_against_the_process_sandbox(tokenizer):
                 env = next(e for e in envs if e.question in prompt)
                 return solving_policy(env)(prompt, index)
             engine = ScriptedEngine(tokenizer, respond)
-            return await run_rollouts(engine, tokenizer, pool, envs, RolloutConfig(), samples=2)
+            return await run_rollouts(engine, tokenizer, pool, envs, EpisodeParams().rollout_config(), samples=2)
         finally:
             await pool.shutdown()
 
@@ -142,7 +142,7 @@ def test_env_failures_become_tagged_rejections(tokenizer):
     engine = ScriptedEngine(tokenizer, dying_before(solving_policy(env), {"get_capital"}))
 
     async def failed_then_ok(pool):  # the pool replaces its dead worker: the second episode runs normally
-        return [(await run_episode(engine, tokenizer, pool, env, RolloutConfig())).rollout for _ in range(2)]
+        return [(await run_episode(engine, tokenizer, pool, env, EpisodeParams().rollout_config())).rollout for _ in range(2)]
 
     failed, ok = with_pool(failed_then_ok)
     assert (failed.status, ok.status) == ("env_failure", "finished")
@@ -162,7 +162,7 @@ def test_stream_groups_give_each_group_new_seeds(tokenizer):
     engine = ScriptedEngine(tokenizer, respond)
 
     async def three_groups(pool):
-        stream = stream_groups(engine, tokenizer, pool, [tiny_env()], RolloutConfig(seed=7), 2,
+        stream = stream_groups(engine, tokenizer, pool, [tiny_env()], EpisodeParams().rollout_config(7), 2,
                                in_flight_groups=1)
         try:
             return [await anext(stream) for _ in range(3)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from arenaforge.schemas.kinds_training import EvalRun
 from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
+from arenaforge.tasks.train.params import EpisodeParams
 from tests.support.rl import dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 
@@ -21,7 +22,7 @@ def test_evaluate_scores_and_reports_failures(tmp_warehouse):
         env = next(e for e in envs if e.question in prompt)
         return policies[env.id](prompt, index) if env is not lazy else "I do not know."
 
-    cfg = EvalConfig(concurrency=1)  # one episode at a time: the kill fails Latveria's episode only
+    cfg = EvalConfig(EpisodeParams(temperature=0.0).rollout_config(), concurrency=1)  # one episode at a time: the kill fails Latveria's episode only
     summary, rollouts = with_pool(lambda pool: evaluate(ScriptedEngine(tok, respond), tok, pool, envs, cfg, "run_e"))
     assert summary.episodes == 2 and summary.f1 == 0.5 and summary.recall == 0.5 and summary.calls_per_task == 1.0
     assert summary.statuses == {"finished": 2, "env_failure": 1}

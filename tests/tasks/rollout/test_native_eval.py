@@ -15,14 +15,15 @@ from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.episodes import RolloutConfig, user_turns
+from arenaforge.tasks.rollout.episodes import user_turns
+from arenaforge.tasks.train.params import EpisodeParams
 from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.tasks.train.params import EnvSelection
 from arenaforge.tasks.train.env_selection import matching_envs
 from tests.support.requirements import require_bfcl
 from tests.support.rl import call_text, tiny_model_path
 
-EVAL = EvalConfig(rollout=RolloutConfig(temperature=0.0, max_turns=12, max_length=400_000, max_tokens_per_turn=4096))
+EVAL = EvalConfig(rollout=EpisodeParams(temperature=0.0, max_turns=12, max_length=400_000, max_tokens_per_turn=4096).rollout_config())
 
 
 def user_turn_index(env: Environment, prompt: str) -> int:

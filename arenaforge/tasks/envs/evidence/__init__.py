@@ -2,8 +2,8 @@
 with its own summary, grounding on the knowledge source, tool data, tool code and template document.
 
 Callers ask `kind_of(evidence)` and call the method; none compares `evidence.kind`. Adding a kind: a module with
-its `EvidenceKind` subclass plus one line in `KINDS` (and its name in `Evidence.kind`, which the decomposition
-answer schema lists: `decompose_qa.py`).
+its `EvidenceKind` subclass plus its entry in `KINDS`, appended (the decomposition answer schema lists the kinds in
+this order, `decompose_qa.py`), and its name in `Evidence.kind` (tests/tasks/envs/test_evidence_kinds.py checks both).
 """
 
 from __future__ import annotations
