@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,7 +43,8 @@ class RunScope:
     _pool: Any = field(default=None, repr=False)
     _own_pool: bool = field(default=False, repr=False)
     _pool_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    _sources: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
+    # the envs track's knowledge sources by (name, shared data), each loaded once per run (`envs.knowledge.run_sources`)
+    sources: dict[tuple[str, str | None], Any] = field(default_factory=dict, repr=False)
     merge_index: Any = field(default=None, repr=False)  # the envs track's merge groups (pipeline.merge_index)
     distractor_pool: Any = field(default=None, repr=False)  # tools earlier windows and runs built (pipeline)
 
@@ -67,19 +68,6 @@ class RunScope:
         """Run the stages on a pool the caller owns (and shuts down)."""
         self._pool, self._own_pool = pool, False
 
-    def knowledge(self, names: Sequence[str], shared_data: str | None = None) -> dict[str, Any]:
-        """Knowledge sources by name, loaded once per run and shared by its stages (a big one takes seconds)."""
-        from arenaforge.tasks.envs.knowledge import load_source
-
-        out = {}
-        for name in names:
-            key = (name, shared_data)
-            if key not in self._sources:
-                self._sources[key] = load_source(name, shared_data=shared_data)
-            source = self._sources[key]
-            out[source.name] = source
-        return out
-
     def provenance(self, seed: int | None = None, prompt_hash: str | None = None) -> Provenance:
         assert self.model is not None, "a training scope has no chat model"
         return Provenance(backend=self.model.kind, model=self.model.name, seed=seed, prompt_hash=prompt_hash)
@@ -91,7 +79,7 @@ class RunScope:
             yield replace(self, run_id=run.id, counts=counts, _parent=self, _pool=None, _own_pool=False)
 
     async def close(self) -> None:
-        sources, self._sources = self._sources, {}
+        sources, self.sources = self.sources, {}
         for source in sources.values():
             source.close()
         pool, self._pool = self._pool, None

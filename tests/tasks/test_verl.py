@@ -178,7 +178,7 @@ def test_export_runs_through_stock_verl(tmp_path):
     a scripted LLM replays the gold calls, so every sample must score 1 under both loops."""
     import subprocess
 
-    from arenaforge.tasks.envs.export import write_verl
+    from arenaforge.tasks.verl.dataset import write_verl
     from tests.support.requirements import REPO, require_verl_venv
 
     python = require_verl_venv()

@@ -44,6 +44,7 @@ def demo(
     from arenaforge.flows.sft_flows import GraphParams, IngestParams, SftParams, graph, ingest, sft
     from arenaforge.tasks.envs.export import export_environments, verified_environments
     from arenaforge.tasks.train.splits import held_out_ids
+    from arenaforge.tasks.verl.dataset import write_verl
 
     st = state(ctx)
     st.overrides.setdefault("model.backend", "offline")
@@ -56,7 +57,7 @@ def demo(
         ("sft", lambda: run_flow(sft(SftParams(export_dir=str(out_dir / "sft"), **common)))),
         ("envs", lambda: run_flow(envs(EnvsParams(sources=[_sample("sample_source")], n=n, **common)))),
         ("export", lambda: export_environments(verified_environments(st.warehouse()), out_dir / "envs",
-                                               held_out=held_out_ids(st.warehouse()))),
+                                               held_out=held_out_ids(st.warehouse()), write_verl=write_verl)),
     ]
 
     if train:

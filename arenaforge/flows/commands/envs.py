@@ -120,12 +120,13 @@ def export(
     """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
     from arenaforge.tasks.envs.export import BASE_IMAGE, export_environments, verified_environments
     from arenaforge.tasks.train.splits import held_out_ids
+    from arenaforge.tasks.verl.dataset import write_verl
 
     st = state(ctx)
     envs = verified_environments(st.warehouse(), where, limit)
     root = Path(out or Path(st.config.out_dir) / "envs")
     held_out = held_out_ids(st.warehouse())  # verl's val is the test split that `eval` scores
-    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out), indent=2))
+    typer.echo(json.dumps(export_environments(envs, root, fmt, image or BASE_IMAGE, held_out, write_verl), indent=2))
 
 
 @app.command("serve")

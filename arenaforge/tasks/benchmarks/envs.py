@@ -39,6 +39,7 @@ from arenaforge.warehouse.db import Warehouse
 async def _offline(n: int, sources: list[str], shared_data: str | None, sandbox: str, out: dict[str, Any],
                    layout: str = "lake") -> None:
     from arenaforge.tasks.embeddings import embed
+    from arenaforge.tasks.envs.knowledge import run_sources
     from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
     from arenaforge.tasks.run_scope import open_run_scope
 
@@ -58,7 +59,7 @@ async def _offline(n: int, sources: list[str], shared_data: str | None, sandbox:
         timings: dict[str, float] = {}
         async with open_run_scope(cfg, wh, "bench") as run:
             t0, c0 = time.perf_counter(), time.process_time()
-            run.knowledge(spec.sources, spec.shared_data)  # loaded once per run; the stages reuse them
+            run_sources(run, spec.sources, spec.shared_data)  # loaded once per run; the stages reuse them
             t1, c1 = time.perf_counter(), time.process_time()
             ids, qa_counts = await synthesize_qas(run, spec)
             t2, c2 = time.perf_counter(), time.process_time()

@@ -1,7 +1,8 @@
 """Exports of accepted environments: verl's files, Harbor task directories, JSON-lines.
 
 (a) verl 0.9.1: train/val Parquet, environments.jsonl, agent_loops.yaml and tool_config.yaml in one
-    directory (`arenaforge.tasks.verl.dataset.write_dataset_dir`); val is the warehouse's test split.
+    directory, written by the train track's `write_verl` (the caller passes it: verl's rows name the train
+    track's agent loop, which this track does not import); val is the warehouse's test split.
 (b) Harbor (task.toml schema 1.4, `harbor lint` clean): one task directory per environment, built from a public
     base image (python:3.11-slim):
 
@@ -42,15 +43,14 @@ import inspect
 import json
 import textwrap
 from importlib import resources
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
 from arenaforge.environments import reward as reward_module
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.rollout.episodes import user_turns
-from arenaforge.tasks.verl.dataset import VerlFiles
+from arenaforge.tasks.rollout.graders import grader_for
 from arenaforge.warehouse import Warehouse
 
 
@@ -85,21 +85,6 @@ def write_jsonl(envs: Sequence[Environment], path: str | Path) -> Path:
     return path
 
 
-def write_verl(envs: Sequence[Environment], out_dir: str | Path, held_out: Collection[str] = ()) -> VerlFiles:
-    """verl 0.9.1's files for `envs` (train/val Parquet, environments, agent-loop and tool configs) in `out_dir`.
-
-    val holds the environments in `held_out` (the warehouse's test split, `held_out_ids`): what `eval`
-    scores is what verl validates on, and no test environment reaches verl's training data.
-    """
-    from arenaforge.tasks.verl.dataset import write_dataset_dir
-
-    val = [e for e in envs if e.id in held_out]
-    if not val and len(envs) > 1:  # verl validates before training: a small export still gets one val row
-        val = [min(envs, key=lambda e: e.id)]
-    held = {e.id for e in val}
-    return write_dataset_dir([e for e in envs if e.id not in held], val, out_dir)
-
-
 BASE_IMAGE = "python:3.11-slim"  # public; any image with python3 on PATH works (`--image`)
 TOOLS_PORT = 8000
 CALL_LOG = "/var/lib/arena-tools/calls.jsonl"  # in the tools service; Harbor collects it for the verifier
@@ -108,7 +93,8 @@ TASK_SCHEMA = "1.4"  # Harbor's task.toml schema_version
 
 
 def _instruction(env: Environment) -> str:
-    turns = user_turns(env)  # a multi-turn suite's requests, in order; tools revealed later are announced in them
+    # a multi-turn suite's requests, in order; tools revealed later are announced in them
+    turns = grader_for(env).user_turns(env)
     task = turns[0] if len(turns) == 1 else "\n\n".join(f"## Request {k + 1}\n\n{text}" for k, text in enumerate(turns))
     lines = [f"# {env.name}", "", task, "", "## Tools", "",
              "Call a tool with `call-tool TOOL '<JSON arguments>'`; it prints what the tool returns.", ""]
@@ -280,7 +266,8 @@ def write_openenv(envs: Sequence[Environment], root: str | Path) -> list[Path]:
         (d / "env.json").write_text(json.dumps(_tools_template(env)))
         (d / "state.json").write_text(json.dumps(env.initial_state))
         (d / "task.json").write_text(json.dumps({
-            "name": env.name, "id": env.id, "question": "\n\n".join(user_turns(env)), "gold_answers": env.gold_answers,
+            "name": env.name, "id": env.id, "question": "\n\n".join(grader_for(env).user_turns(env)),
+            "gold_answers": env.gold_answers,
             "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
         _write_runtime(d / RUNTIME_PACKAGE)
         out.append(d)
@@ -327,7 +314,8 @@ def write_verifiers(envs: Sequence[Environment], root: str | Path) -> Path:
         (d / "env.json").write_text(json.dumps(_tools_template(env)))
         (d / "state.json").write_text(json.dumps(env.initial_state))
         (d / "task.json").write_text(json.dumps({
-            "name": env.name, "id": env.id, "question": "\n\n".join(user_turns(env)), "gold_answers": env.gold_answers,
+            "name": env.name, "id": env.id, "question": "\n\n".join(grader_for(env).user_turns(env)),
+            "gold_answers": env.gold_answers,
             "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
     (pkg / "envs" / "index.json").write_text(json.dumps([env.name for env in envs]))
     return root
@@ -344,8 +332,12 @@ def verified_environments(wh: Warehouse, where: str = "", limit: int | None = No
 
 
 def export_environments(envs: Sequence[Environment], root: str | Path, formats: Sequence[str] = FORMATS,
-                        base_image: str = BASE_IMAGE, held_out: Collection[str] = ()) -> dict[str, Any]:
-    """Write `envs` in each format under `root`; what was written where (absolute paths, row counts)."""
+                        base_image: str = BASE_IMAGE, held_out: Collection[str] = (),
+                        write_verl: Callable[[Sequence[Environment], Path, Collection[str]], Any] | None = None,
+                        ) -> dict[str, Any]:
+    """Write `envs` in each format under `root`; what was written where (absolute paths, row counts).
+
+    The verl format is the train track's (`write_verl` in its verl dataset module), passed in by the caller."""
     import pyarrow.parquet as pq
 
     unknown = set(formats) - set(ALL_FORMATS)
@@ -360,6 +352,8 @@ def export_environments(envs: Sequence[Environment], root: str | Path, formats: 
     if len(envs) < len(jsonl_envs):
         written["container_tasks_not_in_verl_or_harbor"] = len(jsonl_envs) - len(envs)
     if "verl" in formats and envs:
+        if write_verl is None:
+            raise TypeError("export_environments: the verl format needs the train track's write_verl")
         files = write_verl(envs, root / "verl", held_out)
         written["verl"] = {"dir": str(files.train.parent), "train_rows": pq.ParquetFile(files.train).metadata.num_rows,
                            "val_rows": pq.ParquetFile(files.val).metadata.num_rows}

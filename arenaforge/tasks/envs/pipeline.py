@@ -27,7 +27,7 @@ from arenaforge.tasks.envs.check_env import self_test
 from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer
 from arenaforge.tasks.envs.stepwise_qa import StepwiseQASynthesizer
 from arenaforge.tasks.envs.distractors import DistractorMix, Embedder, Pool, choose_distractors
-from arenaforge.tasks.envs.knowledge import KnowledgeSource
+from arenaforge.tasks.envs.knowledge import KnowledgeSource, run_sources
 from arenaforge.tasks.envs.merge_envs import MergeIndex, ToolGrouper, merge_environments
 from arenaforge.tasks.envs.synthesize_env import SynthResult, synthesize_environments
 from arenaforge.tasks.envs.tool_impl import EnvDraft, ToolImpl, assemble
@@ -106,7 +106,7 @@ async def synthesize_qas(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowl
                          ) -> tuple[list[str], dict[str, int]]:
     """Synthesize and verify QA instances from every source; (kept QA ids, counts)."""
     seed = run_seed(run, spec)
-    sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
+    sources = run_sources(run, spec.sources, spec.shared_data) if sources is None else sources
     instances: list[QAInstance] = []
     rejections: list[Rejection] = []
     synth = qa_synthesizer(run, spec)
@@ -150,7 +150,7 @@ async def build_tools(run: RunScope, spec: EnvsSpec, qa_ids: list[str],
     if spec.merge_across:  # in synthesis order: batches in a row merge as one batch
         order = {qa_id: k for k, qa_id in enumerate(qa_ids)}
         instances.sort(key=lambda qa: order[qa.id])
-    sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
+    sources = run_sources(run, spec.sources, spec.shared_data) if sources is None else sources
     clock = Clock(timings if timings is not None else {})
     pool = await run.sandbox()
     clock.lap("pool_start_s")

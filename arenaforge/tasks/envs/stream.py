@@ -38,7 +38,7 @@ from arenaforge.schemas.models import QAInstance, Rejection
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.decompose_qa import DecomposeInputs
 from arenaforge.tasks.envs.distractors import Embedder
-from arenaforge.tasks.envs.knowledge import KnowledgeSource
+from arenaforge.tasks.envs.knowledge import KnowledgeSource, run_sources
 from arenaforge.tasks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments,
                                             qa_synthesizer, stamp, synthesize_qas)
 from arenaforge.tasks.envs.stream_writer import RecordWriter
@@ -85,7 +85,7 @@ async def stream_envs(run: RunScope, spec: EnvsSpec, sources: dict[str, Knowledg
     timings = timings if timings is not None else {}
     started = time.perf_counter()
     seed = run.cfg.seed if spec.seed is None else spec.seed
-    sources = run.knowledge(spec.sources, spec.shared_data) if sources is None else sources
+    sources = run_sources(run, spec.sources, spec.shared_data) if sources is None else sources
     async with RecordWriter(run.wh) as writer:
         flow = _Stream(run, spec, sources, seed, writer, embed, timings, on_window)
         jobs: list[asyncio.Future[tuple[QAInstance, bool] | None]] = []

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,3 +142,17 @@ def load_environment(environments: str | Path, env_id: str) -> Environment:
     if line is None:
         raise KeyError(f"environment {env_id} is not in {environments}")
     return Environment.model_validate_json(line)
+
+
+def write_verl(envs: Sequence[Environment], out_dir: str | Path, held_out: Collection[str] = ()) -> VerlFiles:
+    """verl 0.9.1's files for `envs` (train/val Parquet, environments, agent-loop and tool configs) in `out_dir`.
+
+    `envs export --format verl` writes it (`export_environments(..., write_verl=write_verl)`). val holds the
+    environments in `held_out` (the warehouse's test split, `held_out_ids`): what `eval` scores is what verl
+    validates on, and no test environment reaches verl's training data.
+    """
+    val = [e for e in envs if e.id in held_out]
+    if not val and len(envs) > 1:  # verl validates before training: a small export still gets one val row
+        val = [min(envs, key=lambda e: e.id)]
+    held = {e.id for e in val}
+    return write_dataset_dir([e for e in envs if e.id not in held], val, out_dir)

@@ -19,7 +19,8 @@ from arenaforge.schemas.models import Environment
 from arenaforge.tasks.envs.build_tools import ToolBuilder
 from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
 from arenaforge.tasks.envs.distractors import choose_distractors
-from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl, write_verl
+from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl
+from arenaforge.tasks.verl.dataset import write_verl
 from arenaforge.tasks.envs.knowledge import load_sample
 from arenaforge.tasks.envs.pipeline import EnvsSpec
 from arenaforge.tasks.envs.synthesize_env import synthesize_environments

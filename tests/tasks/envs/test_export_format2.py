@@ -20,7 +20,8 @@ from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
 from arenaforge.environments.reward import f1_reward
-from arenaforge.tasks.envs.export import write_harbor, write_verl
+from arenaforge.tasks.envs.export import write_harbor
+from arenaforge.tasks.verl.dataset import write_verl
 from arenaforge.tasks.envs.import_harbor import import_tasks
 from arenaforge.warehouse import Warehouse
 from tests.support.harbor import ToolsService

@@ -12,6 +12,7 @@ import functools
 import importlib
 import os
 import pkgutil
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -30,9 +31,10 @@ from arenaforge.tasks.envs.knowledge.source import (
     profile,
 )
 from arenaforge.tasks.envs.knowledge.tau2_retail import load_tau2_retail
+from arenaforge.tasks.run_scope import RunScope
 
 __all__ = ["Column", "KnowledgeSource", "Link", "TableProfile", "default_shared_data", "from_files", "from_records",
-           "kinds", "load_sample", "load_source", "load_tables", "load_tau2_retail", "load_text_corpus", "profile"]
+           "kinds", "load_sample", "load_source", "load_tables", "load_tau2_retail", "run_sources", "load_text_corpus", "profile"]
 
 
 @functools.cache
@@ -49,6 +51,19 @@ def kinds() -> dict[str, ModuleType]:
 def default_shared_data() -> Path:
     """Where the third-party data folder is looked for: $ARENAFORGE_SHARED_DATA, else ../shared/data."""
     return Path(os.environ.get("ARENAFORGE_SHARED_DATA") or Path.cwd().parent / "shared" / "data")
+
+
+def run_sources(run: RunScope, names: Sequence[str], shared_data: str | None = None) -> dict[str, KnowledgeSource]:
+    """Sources by name, loaded once per run (kept in `run.sources`, closed with the run) and shared by its stages
+    (a big one takes seconds)."""
+    out = {}
+    for name in names:
+        key = (name, shared_data)
+        if key not in run.sources:
+            run.sources[key] = load_source(name, shared_data=shared_data)
+        source = run.sources[key]
+        out[source.name] = source
+    return out
 
 
 def load_source(spec: str, shared_data: str | Path | None = None, **profile_kw: Any) -> KnowledgeSource:
