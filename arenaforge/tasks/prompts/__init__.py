@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -60,9 +61,17 @@ def _parts(text: str) -> tuple[tuple[str, str | None], ...]:
     return tuple(parts)
 
 
-@functools.lru_cache(maxsize=None)
-def load_prompt(name: str) -> Prompt:
-    path = resources.files("arenaforge.tasks.prompts").joinpath(f"{name}.txt")
-    if not path.is_file():
-        raise ConfigError(f"no prompt template named {name!r} (arenaforge/tasks/prompts/{name}.txt)")
-    return Prompt(name=name, text=path.read_text())
+def prompt_loader(package: str) -> Callable[[str], Prompt]:
+    """`load_prompt(name)` over one package's templates, `<name>.txt` (each track keeps its own beside its stages)."""
+
+    @functools.lru_cache(maxsize=None)
+    def load_prompt(name: str) -> Prompt:
+        path = resources.files(package).joinpath(f"{name}.txt")
+        if not path.is_file():
+            raise ConfigError(f"no prompt template named {name!r} ({package.replace('.', '/')}/{name}.txt)")
+        return Prompt(name=name, text=path.read_text())
+
+    return load_prompt
+
+
+load_prompt = prompt_loader(__name__)
