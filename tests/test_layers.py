@@ -21,7 +21,7 @@ ALLOWED = {
     "schemas": {"schemas"},
 }
 # test doubles (arenaforge/testing/) serve benchmarks and tests; the product never imports them
-MAY_IMPORT_TEST_DOUBLES = ("tasks/benchmarks/",)
+MAY_IMPORT_TEST_DOUBLES = ("benchmarks/",)
 FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefect"}, "warehouse": {"prefect"},
                          "schemas": {"prefect", "duckdb"}}
 
@@ -98,14 +98,14 @@ def test_the_rules_see_a_violation(tmp_path):
     assert _imports(double) & LAYERS - ALLOWED["tasks"] == {"testing"}
 
 
-# Inside tasks/, the model layer (tasks/models/) sits under every stage: stages declare their steps and bring
-# their offline rules (tasks.models.steps), so nothing in it imports a stage, a rule or any other part of tasks/.
-MODEL_LAYER = "tasks/models"
+# Inside tasks/, the model layer (services/models/) sits under every stage: stages declare their steps and bring
+# their offline rules (services.models.steps), so nothing in it imports a stage, a rule or any other part of tasks/.
+MODEL_LAYER = "services/models"
 
 
 def _upward_from_the_model_layer(path: Path) -> set[str]:
     return {name for name in _imported_modules(path)
-            if name.startswith("arenaforge.tasks.") and not name.startswith("arenaforge.tasks.models.")}
+            if name.startswith("arenaforge.tasks.") and not name.startswith("arenaforge.services.models.")}
 
 
 def test_the_model_layer_imports_no_stage():
@@ -116,17 +116,17 @@ def test_the_model_layer_imports_no_stage():
 
 def test_the_model_layer_rule_sees_an_upward_link(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import importlib\nfrom arenaforge.tasks import offline\nfrom arenaforge.tasks.models import Step\n"
-                   'importlib.import_module("arenaforge.tasks.offline.envs_decompose")\n'
+    bad.write_text("import importlib\nfrom arenaforge.tasks import offline\nfrom arenaforge.services.models import Step\n"
+                   'importlib.import_module("arenaforge.tracks.envs.offline_decompose")\n'
                    'importlib.import_module(f"{offline.__name__}.{name}")\n')
     assert _upward_from_the_model_layer(bad) == {"arenaforge.tasks.offline",
-                                                 "arenaforge.tasks.offline.envs_decompose"}
+                                                 "arenaforge.tracks.envs.offline_decompose"}
 
 
-# Which provider answers is decided once, when the run's model is built (tasks/models/providers/): no step
+# Which provider answers is decided once, when the run's model is built (services/models/providers/): no step
 # compares a backend or provider name, and no module keeps a dict keyed by them.
 _PROVIDER_NAMES = {"offline", "openai"}
-_MAY_NAME_PROVIDERS = {"tasks/models/providers", "schemas/config.py", "schemas/base.py", "flows"}
+_MAY_NAME_PROVIDERS = {"services/models/providers", "schemas/config.py", "schemas/base.py", "flows"}
 
 
 def _provider_branches(path: Path) -> list[str]:
@@ -149,7 +149,7 @@ def test_no_step_branches_on_the_provider():
     bad = []
     for path in _modules("tasks") + _modules("environments"):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("tasks/benchmarks/") or any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
+        if rel.startswith("benchmarks/") or any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
             continue
         bad += [f"{rel} {what}" for what in _provider_branches(path)]
     assert not bad, "\n".join(bad)
@@ -189,11 +189,11 @@ def test_the_event_loop_rule_sees_a_start(tmp_path):
 # query something that is not the warehouse, or measure it raw:
 _MAY_HOLD_SQL = {
     "warehouse/": "the warehouse itself",
-    "tasks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
-    "tasks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
-    "tasks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
+    "tracks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
+    "tracks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
+    "tracks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
     "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
-    "tasks/benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
+    "benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
     "testing/envs_responder.py": "a scripted model reads the knowledge source, as a model would",
 }
 _SQL_STATEMENT = re.compile(
@@ -237,10 +237,10 @@ def test_sql_lives_in_the_warehouse():
 # grader are classes, each found once in its registry. Nothing else compares a backend, engine or kind by name.
 _SEAM_REGISTRIES = {
     "environments/runtime/launchers.py": "sandbox backends by name (`sandbox.backend`, auto)",
-    "tasks/envs/evidence/__init__.py": "evidence kinds by `Evidence.kind`",
-    "tasks/rollout/graders/__init__.py": "imported suites' graders by `NativeCheck.kind`",
+    "tracks/envs/evidence/__init__.py": "evidence kinds by `Evidence.kind`",
+    "tracks/envs/graders/__init__.py": "imported suites' graders by `NativeCheck.kind`",
     "flows/ray_runner.py": "where a flow's batches run (`runner.kind`)",
-    "tasks/policy/registry.py": "policy engines by name (`--engine`)",
+    "services/policy/registry.py": "policy engines by name (`--engine`)",
 }
 _SEAM_NAMES = {"backend", "engine", "kind"}
 

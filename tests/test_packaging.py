@@ -28,12 +28,12 @@ def test_the_wheel_holds_exactly_one_top_level_package(wheel: Path) -> None:
     top = {n.split("/")[0] for n in names}
     assert {t for t in top if not t.endswith(".dist-info")} == {"arenaforge"}
     # data, prompts and contracts travel inside the package
-    for needed in ("arenaforge/tasks/prompts/envs_decompose.txt", "arenaforge/tasks/data/sample_source/customers.csv",
+    for needed in ("arenaforge/tracks/envs/prompts/envs_decompose.txt", "arenaforge/data/sample_source/customers.csv",
                    "arenaforge/schemas/json/environment.schema.json", "arenaforge/warehouse/migrations/0001_init.sql",
-                   "arenaforge/tasks/envs/harbor/tools_server.py.tmpl", "arenaforge/warehouse/migrations/0009_views.sql",
-                   "arenaforge/tasks/envs/harbor/forge_agents.py", "arenaforge/tasks/envs/openenv/server.py.tmpl",
-                   "arenaforge/tasks/envs/verifiers/toolset.py.tmpl", "arenaforge/tasks/envs/verifiers/taskset.py.tmpl",
-                   "arenaforge/tasks/envs/verifiers/init.py.tmpl"):
+                   "arenaforge/tracks/envs/harbor/tools_server.py.tmpl", "arenaforge/warehouse/migrations/0009_views.sql",
+                   "arenaforge/tracks/envs/harbor/forge_agents.py", "arenaforge/tracks/envs/openenv/server.py.tmpl",
+                   "arenaforge/tracks/envs/verifiers/toolset.py.tmpl", "arenaforge/tracks/envs/verifiers/taskset.py.tmpl",
+                   "arenaforge/tracks/envs/verifiers/init.py.tmpl"):
         assert needed in names, needed
 
 

@@ -17,15 +17,15 @@ from pydantic import BaseModel
 from arenaforge.flows.sft_params import GraphParams, IngestParams
 from arenaforge.flows.sft_params import SftParams as SftSynthParams
 from arenaforge.schemas.config import Config
-from arenaforge.tasks.envs.distractors import DistractorMix
-from arenaforge.tasks.envs.pipeline import EnvsSpec
-from arenaforge.tasks.rollout.episodes import RolloutConfig
-from arenaforge.tasks.train.grpo import GrpoConfig
-from arenaforge.tasks.train.params import (RECIPE, EpisodeParams, EvalParams, GrpoParams, RolloutParams, SftParams,
+from arenaforge.tracks.envs.distractors import DistractorMix
+from arenaforge.tracks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.train.grpo import GrpoConfig
+from arenaforge.tracks.train.rollout.episodes import RolloutConfig
+from arenaforge.tracks.train.params import (RECIPE, EpisodeParams, EvalParams, GrpoParams, RolloutParams, SftParams,
                                            WarmstartParams, recipe)
-from arenaforge.tasks.train.run_grpo import GrpoRunConfig
-from arenaforge.tasks.train.sft import SftConfig
-from arenaforge.tasks.verl.job import VerlJobSpec
+from arenaforge.tracks.train.run_grpo import GrpoRunConfig
+from arenaforge.tracks.train.sft import SftConfig
+from arenaforge.tracks.train.verl.job import VerlJobSpec
 
 PACKAGE = Path(__file__).resolve().parents[1] / "arenaforge"
 PARAMS_MODELS: list[type[BaseModel]] = [GrpoParams, SftParams, WarmstartParams, RolloutParams, EvalParams, EnvsSpec,
@@ -38,7 +38,7 @@ DERIVED: dict[type, tuple[type[BaseModel], str]] = {
 COMMAND_MODULES = sorted((PACKAGE / "flows" / "commands").glob("*.py")) + [PACKAGE / "flows" / "cli.py"]
 FLOW_MODULES = sorted((PACKAGE / "flows").glob("*_flows.py")) + [PACKAGE / "flows" / "deployments.py",
                                                                  PACKAGE / "flows" / "registry.py"]
-JOB_MODULES = [PACKAGE / "tasks" / "train" / f"{name}.py" for name in  # the jobs: what turns params into work
+JOB_MODULES = [PACKAGE / "tracks" / "train" / f"{name}.py" for name in  # the jobs: what turns params into work
                ("rollout_job", "evaluation", "grpo_job", "warmstart_jobs", "sft_job", "verl_handoff")]
 PENDING: set[str] = set()
 # Options named like a setting that are another setting

@@ -1,6 +1,6 @@
 """The F1 trajectory reward (ASTRA, METHOD.md §1c): the one place it is defined.
 
-Used by environment self-tests (arenaforge/tasks/envs/synthesize_env) and by RL rollouts and eval alike.
+Used by environment self-tests (arenaforge/tracks/envs/synthesize_env) and by RL rollouts and eval alike.
 
 Definitions
 -----------

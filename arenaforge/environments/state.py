@@ -1,6 +1,6 @@
 """Session state as the harness compares it: a canonical JSON hash of `Pool.state`.
 
-`state_hash(state)` is what an imported suite's `state_hash` native check (`tasks/rollout/graders/state_hash.py`)
+`state_hash(state)` is what an imported suite's `state_hash` native check (`tracks/envs/graders/state_hash.py`)
 stores for the gold calls and compares an episode's final state against. `namespace_state` (the worker's own
 function, standard library only) turns an object held in this process into the same JSON the sandbox returns, so a
 class run in-process and the same class run in the sandbox hash alike.

@@ -1,11 +1,11 @@
 """Flow `envs` (`arenaforge envs synth`): ASTRA's RL track from knowledge sources to verified environments.
 
     synthesize-qas  -> kept QA ids -> build-environments (one task run per batch of QA ids)
-    stream-envs     (pipeline = stream: each QA moves on when ready, one task run; tasks/envs/stream.py)
+    stream-envs     (pipeline = stream: each QA moves on when ready, one task run; tracks/envs/stream.py)
     runner.kind = ray: every batch at once in the Ray workers; with merge_across they build-tools only and
                        this process runs finish-environments per batch, in batch order
 
-Composition only: the stages live in `arenaforge/tasks/envs/pipeline.py`. The flow runs in one event
+Composition only: the stages live in `arenaforge/tracks/envs/pipeline.py`. The flow runs in one event
 loop and opens one `RunScope` (the run's model and sandbox pool) that every stage shares. Model-driven
 stages use retries=0 (the model-access layer owns retries); both stages are idempotent (content ids),
 so a re-run after a crash completes what was missing.
@@ -24,11 +24,11 @@ from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_su
 from arenaforge.flows.outcome import finish
 from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import load_config
-from arenaforge.tasks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
+from arenaforge.tracks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
                                             synthesize_qas)
-from arenaforge.tasks.envs.stream import stream_envs
-from arenaforge.tasks.envs.synthesize_env import SynthResult
-from arenaforge.tasks.run_scope import RunScope, open_run_scope
+from arenaforge.services.run_scope import RunScope, open_run_scope
+from arenaforge.tracks.envs.stream import stream_envs
+from arenaforge.tracks.envs.synthesize_env import SynthResult
 from arenaforge.warehouse import Warehouse, recorded_run
 
 

@@ -1,7 +1,7 @@
 """Flows `envs-import-python`, `envs-import-bfcl`, `envs-import-harbor` (`arenaforge envs import ...`): others'
 environments into the warehouse, each import one run (a `runs` row) whose id its environments and rejections carry.
 
-Composition only: reading and replaying live in `arenaforge/tasks/envs/import_<source>.py`. Run ids stay out of
+Composition only: reading and replaying live in `arenaforge/tracks/envs/import_<source>.py`. Run ids stay out of
 record ids, so an environment already stored (ours, or a re-import) keeps its row and its id.
 """
 
@@ -77,7 +77,7 @@ def _of_run(records: list[Any], run_id: str) -> list[Any]:
 async def import_python(params: PythonImportParams = PythonImportParams()) -> dict[str, Any]:
     """Your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
     from arenaforge.environments.runtime import create_pool
-    from arenaforge.tasks.envs.import_python import (import_environment, python_environment, read_calls, read_source,
+    from arenaforge.tracks.envs.import_python import (import_environment, python_environment, read_calls, read_source,
                                                      read_tool_docs)
 
     if not params.sources:
@@ -107,7 +107,7 @@ async def import_bfcl(params: BfclImportParams = BfclImportParams()) -> dict[str
     from collections import Counter
 
     from arenaforge.environments.runtime import create_pool
-    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+    from arenaforge.tracks.envs.import_bfcl import import_suite, locate
 
     source = locate(params.data)
     with _import_run("envs-import-bfcl", params) as (cfg, wh, run, counts):
@@ -131,7 +131,7 @@ async def import_harbor(params: HarborImportParams = HarborImportParams()) -> di
     from pathlib import Path
 
     from arenaforge.environments.containers import TaskContainers
-    from arenaforge.tasks.envs.import_harbor import import_tasks
+    from arenaforge.tracks.envs.import_harbor import import_tasks
 
     run_params = {"root": str(Path(params.root).resolve()), "suite": params.suite, "build_args": params.build_args}
     with _import_run("envs-import-harbor", params, run_params) as (_, wh, run, counts):

@@ -16,7 +16,7 @@ from typing import Any
 
 from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.tasks.run_scope import RunScope, open_run_scope
+from arenaforge.services.run_scope import RunScope, open_run_scope
 from arenaforge.warehouse import Warehouse
 
 

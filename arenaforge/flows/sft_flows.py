@@ -6,7 +6,7 @@
               runner.kind = ray: run-and-judge-trajectories per batch of tasks in the Ray workers, all at once,
               then record-walks here
 
-Composition only: the stages live in `arenaforge/tasks/sft/stages.py` and pass ids between them. Each
+Composition only: the stages live in `arenaforge/tracks/sft/stages.py` and pass ids between them. Each
 flow runs in one event loop with one `RunScope` (the run's model and sandbox pool) shared by its
 stages, and ends with `outcome.finish`: the run's top rejection reasons in its log, and a failed run
 (NothingProduced / InfrastructureFailed) when it produced nothing. Relative paths resolve against the
@@ -27,8 +27,8 @@ from arenaforge.flows.artifacts import MODEL_ENDPOINT, progress, run_summary
 from arenaforge.flows.outcome import finish
 from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
 from arenaforge.flows.sft_params import GraphParams, IngestParams, SftParams
-from arenaforge.tasks.run_scope import RunScope, open_run_scope
-from arenaforge.tasks.sft import stages as sft_stages
+from arenaforge.services.run_scope import RunScope, open_run_scope
+from arenaforge.tracks.sft import stages as sft_stages
 from arenaforge.warehouse import Warehouse, recorded_run
 
 

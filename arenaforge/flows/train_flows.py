@@ -2,7 +2,7 @@
 
 Composition only: each flow takes one params model (typed forms in the UI), opens the run's training scope
 (`open_job_scope`: config, warehouse, sandbox pool and the run's `runs` row, finished by the scope), runs the
-matching job from `arenaforge.tasks.train` (`<name>_job.py`) in it as one task, and leaves artifacts under
+matching job from `arenaforge.tracks.train` (`<name>_job.py`) in it as one task, and leaves artifacts under
 stable keys: `<flow>-summary` (the run's numbers; for train-grpo the test-split table untrained / warm start /
 warm start + GRPO) and `<flow>-curves` (warm-start loss and GRPO curves, skipped steps marked; the jobs draw
 them from the steps they recorded). The jobs log one line per step on the `arenaforge` logger; the flows
@@ -25,13 +25,13 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
-from arenaforge.tasks.train.evaluation import eval_job
-from arenaforge.tasks.train.grpo_job import grpo_job, on_configured_cluster
-from arenaforge.tasks.train.job_config import config_for, open_job_scope
-from arenaforge.tasks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
-from arenaforge.tasks.train.rollout_job import rollout_job
-from arenaforge.tasks.train.sft_job import sft_job
-from arenaforge.tasks.train.warmstart_jobs import warmstart_job
+from arenaforge.tracks.train.evaluation import eval_job
+from arenaforge.tracks.train.grpo_job import grpo_job, on_configured_cluster
+from arenaforge.tracks.train.job_config import config_for, open_job_scope
+from arenaforge.tracks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
+from arenaforge.tracks.train.rollout_job import rollout_job
+from arenaforge.tracks.train.sft_job import sft_job
+from arenaforge.tracks.train.warmstart_jobs import warmstart_job
 
 rollout_task = task(rollout_job, name="rollouts", cache_policy=NO_CACHE, tags=[SANDBOX])
 grpo_task = task(grpo_job, name="grpo-steps", cache_policy=NO_CACHE, tags=[SANDBOX])

@@ -41,15 +41,15 @@ class WarehouseConfig(_Section):
 
 
 class ModelConfig(_Section):
-    """The model every model-driven step talks to, built once per run (tasks/models/providers/)."""
+    """The model every model-driven step talks to, built once per run (services/models/providers/)."""
 
     backend: str = Field(default="offline", description="Provider: offline (deterministic generators, no endpoint), "
                                                         "openai (any OpenAI-compatible endpoint), or any provider "
-                                                        "module added under tasks/models/providers/.")
+                                                        "module added under services/models/providers/.")
     base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1.")
     endpoints: list[str] = Field(default_factory=list, description="Several OpenAI-compatible endpoints serving the "
                                  "same model (replicas): requests go to the least busy healthy one, a failing one "
-                                 "is ejected until its health check passes (tasks/models/endpoint_pool.py). "
+                                 "is ejected until its health check passes (services/models/endpoint_pool.py). "
                                  "base_url alone is a pool of one.")
     health_interval_s: float = Field(default=2.0, ge=0, description="First health check of an ejected endpoint, this "
                                                                     "long after it failed; doubles up to backoff_max_s.")

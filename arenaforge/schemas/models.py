@@ -177,7 +177,7 @@ class JudgeScore(Record):
 # --------------------------------------------------------------------------- RL track
 class Evidence(Frozen):
     """How a sub-answer follows from the knowledge source. A model may propose it; only the source decides.
-    Each kind's behaviour (summary, grounding, tool data and code) is its class in `tasks/envs/evidence/`.
+    Each kind's behaviour (summary, grounding, tool data and code) is its class in `tracks/envs/evidence/`.
 
     lookup   the `column` of the `table` row whose `key` column holds `value`
     count    how many rows of `table` have `value` in `key`

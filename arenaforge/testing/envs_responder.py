@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from arenaforge.testing.scripted_openai import Reply, chat_completion
 
 if TYPE_CHECKING:
-    from arenaforge.tasks.models import Step
+    from arenaforge.services.models import Step
 
 
 def _step(req: dict[str, Any]) -> str:
@@ -33,11 +33,11 @@ class EnvsResponder:
     def __init__(self, bad_code: str | None = None, not_json_steps: tuple[Step, ...] = (),
                  not_json_variants: tuple[int, ...] = ()) -> None:
         # the stages are imported here, not at the top: `arenaforge bench --help` imports this module
-        from arenaforge.tasks.envs.build_tools import AUGMENT_TOOL, IMPLEMENT_TOOL, TOOL_DOC
-        from arenaforge.tasks.envs.decompose_qa import DECOMPOSE
-        from arenaforge.tasks.envs.knowledge import load_sample
-        from arenaforge.tasks.envs.merge_envs import MERGE_CLUSTER
-        from arenaforge.tasks.envs.verify_qa import VERIFY
+        from arenaforge.tracks.envs.build_tools import AUGMENT_TOOL, IMPLEMENT_TOOL, TOOL_DOC
+        from arenaforge.tracks.envs.decompose_qa import DECOMPOSE
+        from arenaforge.tracks.envs.knowledge import load_sample
+        from arenaforge.tracks.envs.merge_envs import MERGE_CLUSTER
+        from arenaforge.tracks.envs.verify_qa import VERIFY
 
         src = load_sample()
         self.customers = {r[0]: dict(zip(("city", "tier", "country", "last_name"), r[1:], strict=True))

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from arenaforge.tasks.policy.base import Generation, SamplingParams
+from arenaforge.services.policy.base import Generation, SamplingParams
 
 
 class BusyClock:

@@ -1,6 +1,6 @@
 """Typed reads and writes of environment splits (`env_splits`, migration 0008).
 
-The assignment itself (strata, near-duplicate groups) is `arenaforge.tasks.train.splits`; this
+The assignment itself (strata, near-duplicate groups) is `arenaforge.tracks.train.splits`; this
 module only stores and reads the rows.
 """
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.tasks.benchmarks import tau2_sessions
+from arenaforge.benchmarks import tau2_sessions
 
 
 @pytest.mark.shared_data

@@ -243,9 +243,9 @@ def test_an_episode_the_sandbox_fails_is_env_failure_and_left_out(one_worker: Po
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import run_episode
-    from arenaforge.tasks.train.params import EpisodeParams
-    from arenaforge.tasks.rollout.evaluate import summarise
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.rollout.episodes import run_episode
+    from arenaforge.tracks.train.rollout.evaluate import summarise
     from tests.support.rl import call_text, tiny_env, tiny_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path())

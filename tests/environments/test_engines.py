@@ -8,8 +8,8 @@ import os
 import pytest
 
 from arenaforge.environments.runtime import EnvironmentFailure, SessionLost, WorkerLost, create_pool
-from arenaforge.environments.runtime.image import image_ref
 from arenaforge.environments.runtime.docker_backend import docker_client
+from arenaforge.environments.runtime.image import image_ref
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import ConfigError, FailureKind, SandboxError
 from arenaforge.schemas.models import Environment, FunctionDoc
@@ -138,7 +138,7 @@ def test_an_engine_that_does_not_answer_is_named_and_a_duplicate_is_refused() ->
 @pytest.mark.slow
 def test_bench_compares_the_pool_over_two_engines_with_one() -> None:
     """`bench sandbox --engines`: the same calls with every worker on the first engine, then spread over both."""
-    from arenaforge.tasks.benchmarks.sandbox_engines import compare_engines
+    from arenaforge.benchmarks.sandbox_engines import compare_engines
 
     require_docker()
     with second_dockerd() as second:

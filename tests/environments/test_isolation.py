@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from arenaforge.benchmarks.isolation import ATTACKS_CODE, ATTACK_TOOLS
 from arenaforge.environments.runtime import UntrustedCodeRefused, create_pool
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
-from arenaforge.tasks.benchmarks.isolation import ATTACKS_CODE, ATTACK_TOOLS
 from tests.environments.conftest import PoolHandle, sandbox_config, start_pool
 
 PROBES = r'''

@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from arenaforge.benchmarks.retail_state import retail_environment, retail_episodes
 from arenaforge.environments.runtime import Overloaded, Pool
 from arenaforge.schemas.errors import SandboxError
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.benchmarks.retail_state import retail_environment, retail_episodes
 from tests.environments.conftest import PoolHandle, start_pool
 
 EPISODES = 50

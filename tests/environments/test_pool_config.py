@@ -127,7 +127,7 @@ def test_gold_call_rule(answer, outcome, output, passes) -> None:
 
 
 def test_benchmark_smoke() -> None:
-    from arenaforge.tasks.benchmarks.sandbox import main
+    from arenaforge.benchmarks.sandbox import main
 
     import asyncio
 

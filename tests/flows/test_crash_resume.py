@@ -22,7 +22,7 @@ import pytest
 from arenaforge.schemas.models import Run
 from arenaforge.warehouse import Warehouse
 
-SAMPLE_TOOLS = str(resources.files("arenaforge.tasks.data").joinpath("sample_tools"))
+SAMPLE_TOOLS = str(resources.files("arenaforge.data").joinpath("sample_tools"))
 RECORD_TABLES = ["tools", "servers", "tool_chains", "tasks", "trajectories", "judge_scores", "qa_instances",
                  "qa_verifications", "environments", "env_merges", "distractor_sets", "rejections"]
 FLOWS = {

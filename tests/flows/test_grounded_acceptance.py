@@ -116,7 +116,7 @@ class Liar:
 
 
 def test_consistent_but_false_model_gets_nothing_accepted(prefect_server, scripted_openai, tmp_path: Path) -> None:
-    from arenaforge.tasks.envs.knowledge import load_sample
+    from arenaforge.tracks.envs.knowledge import load_sample
 
     sample = load_sample()
     truth = {"city": sample.query("SELECT city FROM customers WHERE customer_id = 'CU107'")[0][0],

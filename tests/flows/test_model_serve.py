@@ -110,8 +110,8 @@ def test_a_real_model_writes_an_accepted_qa(engine, tmp_path: Path) -> None:
                            "ARENAFORGE_MODEL__CONCURRENCY_MAX": "4", "ARENAFORGE_MODEL__TIMEOUT_S": "600"},
         capture_output=True, text=True, timeout=1500)
     from arenaforge.schemas.models import Environment, QAInstance
-    from arenaforge.tasks.envs.grounding import check_qa
-    from arenaforge.tasks.envs.knowledge import load_sample
+    from arenaforge.tracks.envs.grounding import check_qa
+    from arenaforge.tracks.envs.knowledge import load_sample
     from arenaforge.warehouse import Warehouse
 
     wh = Warehouse(tmp_path / "real.lake")

@@ -56,7 +56,7 @@ def test_a_malformed_tool_file_is_reported_with_its_reason(prefect_server, tmp_p
 
 
 def test_partial_ingest_exits_0_and_lists_the_top_reasons(prefect_server, tmp_path: Path) -> None:
-    sample = str(resources.files("arenaforge.tasks.data").joinpath("sample_tools"))
+    sample = str(resources.files("arenaforge.data").joinpath("sample_tools"))
     res = cli("--db", "w.duckdb", "ingest", sample, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     counts = json.JSONDecoder().raw_decode(res.stdout[res.stdout.index("{"):])[0]

@@ -34,7 +34,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _prepare_sft(cwd: Path) -> None:
-    sample = str(resources.files("arenaforge.tasks.data").joinpath("sample_tools"))
+    sample = str(resources.files("arenaforge.data").joinpath("sample_tools"))
     assert cli("ingest", sample, cwd=cwd).returncode == 0
     assert cli("--backend", "offline", "graph", "build", cwd=cwd).returncode == 0
 

@@ -110,7 +110,7 @@ def _sft_warehouse(db: Path, runner: dict[str, Any], batch_size: int) -> dict[st
     from arenaforge.flows.sft_flows import GraphParams, IngestParams, SftParams, graph, ingest, sft
 
     overrides = {"warehouse.path": str(db), "sandbox.backend": "process"}
-    sample = str(resources.files("arenaforge.tasks.data").joinpath("sample_tools"))
+    sample = str(resources.files("arenaforge.data").joinpath("sample_tools"))
     asyncio.run(ingest(IngestParams(paths=[sample], overrides=overrides)))
     asyncio.run(graph(GraphParams(overrides=overrides)))
     return asyncio.run(sft(SftParams(seed=3, batch_size=batch_size, overrides={**overrides, **runner})))

@@ -13,7 +13,7 @@ from arenaforge.flows.cli import app
 from arenaforge.flows.registry import FLOWS, load_flow
 from arenaforge.schemas.models import JudgeScore, Run, Server, Trajectory
 
-SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
+SAMPLE = Path(str(resources.files("arenaforge.data").joinpath("sample_tools")))
 
 
 def _run(db: Path, *args: str) -> str:

@@ -116,10 +116,10 @@ def test_warmstart_and_train_sft_run_on_their_defaults(wh, tmp_path, monkeypatch
     import asyncio
 
     from arenaforge.schemas.errors import InputError
-    from arenaforge.tasks.train.job_config import open_job_scope
-    from arenaforge.tasks.train.params import SftParams, WarmstartParams
-    from arenaforge.tasks.train.sft_job import sft_job
-    from arenaforge.tasks.train.warmstart_jobs import warmstart_job
+    from arenaforge.tracks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.params import SftParams, WarmstartParams
+    from arenaforge.tracks.train.sft_job import sft_job
+    from arenaforge.tracks.train.warmstart_jobs import warmstart_job
 
     async def in_scope(job, params, flow):
         async with open_job_scope(params, flow) as scope:
@@ -230,8 +230,8 @@ def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_wareh
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from arenaforge.schemas.config import load_config
-    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
-    from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.services.run_scope import open_run_scope
+    from arenaforge.tracks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
 
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")
     cfg = load_config(None, overrides={"warehouse.path": str(tmp_warehouse.path), "sandbox.backend": "process",
@@ -251,7 +251,7 @@ def test_train_grpo_flow_evaluates_what_it_trained_and_tells_the_story(tmp_wareh
                                       "--eval-limit", "2"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     out = result.output
-    from arenaforge.tasks.train.run_grpo import step_line
+    from arenaforge.tracks.train.run_grpo import step_line
 
     steps = [s for s in tmp_warehouse.load(TrainStep) if s.algorithm == "grpo"]
     assert [s.step for s in steps] == [1, 2]  # each step's numbers, as its log line words them

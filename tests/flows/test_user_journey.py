@@ -73,7 +73,7 @@ def project(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
     port = free_port()
     (proj / "arenaforge.toml").write_text(
         f'[warehouse]\npath = "project.duckdb"\n[prefect]\nport = {port}\nwork_pool = "journey-{port}"\n')
-    shutil.copytree(resources.files("arenaforge.tasks.data").joinpath("sample_tools"), proj / "tools")
+    shutil.copytree(resources.files("arenaforge.data").joinpath("sample_tools"), proj / "tools")
     proc = subprocess.Popen([str(venv / "bin" / "arenaforge"), "serve"], cwd=proj, env=_user_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []

@@ -56,7 +56,7 @@ def test_unknown_model_backend_is_one_clear_line_when_the_model_is_built():
     import asyncio
 
     from arenaforge.schemas.config import ModelConfig
-    from arenaforge.tasks.models import open_chat_model
+    from arenaforge.services.models import open_chat_model
 
     async def build():
         async with open_chat_model(ModelConfig(backend="gpt")):

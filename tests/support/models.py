@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from arenaforge.schemas.config import Config, ModelConfig
-from arenaforge.tasks.models import Accounted, OpenAICompatibleModel, Step
-from arenaforge.tasks.models.providers.offline import OfflineModel
-from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.services.models import Accounted, OpenAICompatibleModel, Step
+from arenaforge.services.models.providers.offline import OfflineModel
+from arenaforge.services.run_scope import open_run_scope
 from arenaforge.warehouse import Warehouse
 
 

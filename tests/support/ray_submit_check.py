@@ -57,9 +57,9 @@ def _client_when_up(address: str, head: subprocess.Popen) -> object:
 
 
 def main(work: Path) -> dict:
-    from arenaforge.tasks.train.params import EnvSelection, GrpoParams
-    from arenaforge.tasks.train.grpo_job import grpo_job
-    from arenaforge.tasks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.grpo_job import grpo_job
+    from arenaforge.tracks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.params import EnvSelection, GrpoParams
     from arenaforge.warehouse import Warehouse
     from tests.support.rl import tiny_env
 

@@ -77,7 +77,7 @@ def require_bfcl() -> None:
 
 def require_bfcl_checker() -> str:
     """The Python of bfcl-eval's own venv, whose AST checker scores BFCL answers (scripts/setup-bfcl.sh; CI runs it)."""
-    from arenaforge.tasks.rollout.bfcl import official_checker
+    from arenaforge.tracks.train.rollout.bfcl import official_checker
 
     python = official_checker()
     if python is None:
@@ -97,7 +97,7 @@ def require_local_engine() -> None:
 def require_harbor():
     """The real Harbor CLI and Compose v2 (scripts/setup-harbor.sh installs them once per machine)."""
     from arenaforge.schemas.errors import InputError
-    from arenaforge.tasks.envs.harbor_cli import find_harbor
+    from arenaforge.tracks.envs.harbor_cli import find_harbor
 
     try:
         return find_harbor()

@@ -139,6 +139,6 @@ def with_pool(work: Callable[[Any], Awaitable[T]], size: int = 1) -> T:
 
 
 def tiny_model_path() -> Path:
-    from arenaforge.tasks.train.tiny_model import ensure_tiny_model
+    from arenaforge.tracks.train.tiny_model import ensure_tiny_model
 
     return ensure_tiny_model()

@@ -7,14 +7,14 @@ import asyncio
 
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.embeddings import embed
-from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import choose_distractors
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.pipeline import EnvsSpec
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
-from arenaforge.tasks.envs.tool_impl import assemble
+from arenaforge.services.embeddings import embed
+from arenaforge.tracks.envs.build_tools import ToolBuilder
+from arenaforge.tracks.envs.decompose_qa import QASpec, QASynthesizer
+from arenaforge.tracks.envs.distractors import choose_distractors
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.tool_impl import assemble
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.models import offline_model
 

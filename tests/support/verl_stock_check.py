@@ -27,8 +27,8 @@ def compose_config(files: Any, model: str) -> Any:
     import verl
     from hydra import compose, initialize_config_dir
 
-    from arenaforge.tasks.train.params import GrpoParams
-    from arenaforge.tasks.verl.job import VerlJobSpec, hydra_overrides
+    from arenaforge.tracks.train.params import GrpoParams
+    from arenaforge.tracks.train.verl.job import VerlJobSpec, hydra_overrides
 
     spec = VerlJobSpec.from_params(GrpoParams(), model_path=model, out_dir=str(files.train.parent / "job"),
                                    train_batch_size=4, max_prompt_length=2048, max_response_length=2048,
@@ -48,7 +48,7 @@ def main(export_dir: str, model: str) -> dict[str, Any]:
     from verl.workers.rollout.llm_server import LLMServerClient
     from verl.workers.rollout.replica import TokenOutput
 
-    from arenaforge.tasks.verl.dataset import VerlFiles, load_environment
+    from arenaforge.tracks.train.verl.dataset import VerlFiles, load_environment
 
     root = Path(export_dir)
     files = VerlFiles(root / "train.parquet", root / "val.parquet", root / "environments.jsonl",

@@ -26,8 +26,8 @@ CPU_ONLY = ("trainer.use_v1=False", "trainer.device=cpu")
 
 
 def main(work: Path, logical_gpus: int) -> dict:
-    from arenaforge.tasks.train.params import GrpoParams
-    from arenaforge.tasks.verl.job import VerlJobSpec, write_job
+    from arenaforge.tracks.train.params import GrpoParams
+    from arenaforge.tracks.train.verl.job import VerlJobSpec, write_job
     from tests.support.ray_cluster import RayCluster
     from tests.support.rl import tiny_env, tiny_model_path
 

@@ -13,11 +13,11 @@ from typing import Any
 
 from arenaforge.schemas.models import JudgeScore
 from arenaforge.testing.scripted_openai import chat_completion
-from arenaforge.tasks.sft.chains import CHAIN_TO_QUERY, PROPOSE_CHAINS, QUERY_TO_CHAIN, VERIFY_CHAIN
-from arenaforge.tasks.sft.judge_trajectories import JUDGE_TRAJECTORY
-from arenaforge.tasks.sft.score_queries import SCORE_QUERY
-from arenaforge.tasks.sft.synthesize_queries import AUGMENT_QUERY, WRITE_QUERY
-from arenaforge.tasks.sft.tool_simulator import SIMULATE_TOOL, sample_value
+from arenaforge.tracks.sft.chains import CHAIN_TO_QUERY, PROPOSE_CHAINS, QUERY_TO_CHAIN, VERIFY_CHAIN
+from arenaforge.tracks.sft.judge_trajectories import JUDGE_TRAJECTORY
+from arenaforge.tracks.sft.score_queries import SCORE_QUERY
+from arenaforge.tracks.sft.synthesize_queries import AUGMENT_QUERY, WRITE_QUERY
+from arenaforge.tracks.sft.tool_simulator import SIMULATE_TOOL, sample_value
 
 _TOOL_LINE = re.compile(r"^- ([A-Za-z0-9_.\-]+)\(", re.MULTILINE)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.tasks.train.base_models import ARENA_SMALL, DEFAULT_POLICY, policy_path
-from arenaforge.tasks.train.sft import encode
-from arenaforge.tasks.train.warmstart import conversation
 from arenaforge.schemas.models import ToolObservation
+from arenaforge.tracks.train.base_models import ARENA_SMALL, DEFAULT_POLICY, policy_path
+from arenaforge.tracks.train.sft import encode
+from arenaforge.tracks.train.warmstart import conversation
 from tests.support.requirements import require_local_engine
 from tests.support.rl import tiny_env
 

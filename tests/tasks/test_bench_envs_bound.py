@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from arenaforge.tasks.benchmarks.envs import _cpu_bound
+from arenaforge.benchmarks.envs import _cpu_bound
 
 
 def test_cpu_bound_share_cap_compares_request_seconds_with_cpu_seconds_per_core() -> None:

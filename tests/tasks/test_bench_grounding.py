@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from arenaforge.benchmarks.grounding import _call_diagnostics
 from arenaforge.schemas.models import ChatMessage, FunctionCall, RewardBreakdown, Rollout, ToolCall
-from arenaforge.tasks.benchmarks.grounding import _call_diagnostics
 from tests.support.rl import tiny_env
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from arenaforge.tasks.benchmarks.harbor import main
+from arenaforge.benchmarks.harbor import main
 from tests.support.requirements import require_docker
 
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from arenaforge.benchmarks.learning_pretrained import paired, split_export
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.benchmarks.learning_pretrained import paired, split_export
 from arenaforge.warehouse import Warehouse
 from arenaforge.warehouse.splits import read_splits
 from tests.support.requirements import require_bfcl_checker

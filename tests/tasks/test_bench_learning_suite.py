@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from arenaforge.benchmarks.learning import evaluate_suite, main
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig, load_config
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import EvalRun
-from arenaforge.tasks.benchmarks.learning import evaluate_suite, main
 from arenaforge.warehouse import Warehouse
 from tests.support.rl import tiny_model_path
 
 
 def test_stages_are_evaluated_on_an_imported_suite(tmp_path: Path) -> None:
-    from arenaforge.tasks.envs.import_python import import_environment, python_environment, read_calls, read_source
+    from arenaforge.tracks.envs.import_python import import_environment, python_environment, read_calls, read_source
     from tests.tasks.envs.test_import_python import BANK, CALLS, STATE
 
     (tmp_path / "bank.py").write_text(BANK)

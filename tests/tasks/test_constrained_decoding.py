@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from arenaforge.tasks.policy import SamplingParams, build_engine
-from arenaforge.tasks.policy.constrained import FREE, Ground, ToolCallConstraint, ToolSpec, after_open, ground_of, step
+from arenaforge.services.policy import SamplingParams, build_engine
+from arenaforge.services.policy.constrained import (FREE, Ground, ToolCallConstraint, ToolSpec, after_open, ground_of,
+                                                    step)
 from tests.support.rl import tiny_model_path
 
 TOOLS = (ToolSpec("get_weather", ("city", "unit"), ("city",)), ToolSpec("lookup_user", ("user_id", "fields"), ()))
@@ -159,8 +160,8 @@ def test_a_multi_token_id_is_copied_across_token_boundaries_with_the_real_tokeni
 def test_grounded_episode_copies_the_id_from_the_question():
     """A policy that has memorised a call with `OR5000` (its logits pushed towards that text) calls the tool with
     the question's `OR5031` under grounded decoding, and with its memorised id without it."""
-    from arenaforge.tasks.rollout.episodes import parse_tool_calls, run_episode
-    from arenaforge.tasks.train.params import EpisodeParams
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.rollout.episodes import parse_tool_calls, run_episode
     from tests.support.rl import call_text, tiny_env, with_pool
 
     engine = build_engine("hf", model_path=tiny_model_path())

@@ -6,8 +6,8 @@ import json
 import re
 
 from arenaforge.schemas.models import FunctionDoc, ToolObservation
-from arenaforge.tasks.train.copy_forcing import copy_forced_variants
-from arenaforge.tasks.train.warmstart import conversation
+from arenaforge.tracks.train.copy_forcing import copy_forced_variants
+from arenaforge.tracks.train.warmstart import conversation
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 
 DISTRACTOR = FunctionDoc(name="get_mayor", description="Mayor of a city.",
@@ -79,9 +79,9 @@ def test_a_variant_is_the_replay_of_the_renamed_environment_token_for_token():
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import run_episode
-    from arenaforge.tasks.train.params import EpisodeParams
-    from arenaforge.tasks.train.sft import encode
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.rollout.episodes import run_episode
+    from arenaforge.tracks.train.sft import encode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     env = _env()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from arenaforge.tasks.train.curriculum import FLOOR, PRIOR, Curriculum
+from arenaforge.tracks.train.curriculum import FLOOR, PRIOR, Curriculum
 from tests.support.rl import tiny_env
 
 

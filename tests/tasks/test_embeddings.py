@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from arenaforge.tasks import embeddings
+from arenaforge.services import embeddings
 
 
 def test_embed_is_normalised_cached_and_semantic():

@@ -19,9 +19,9 @@ import pytest
 
 from arenaforge.schemas.config import ModelConfig
 from arenaforge.schemas.errors import ConfigError, ProviderUnreachable
+from arenaforge.services.models import ChatRequest, open_chat_model
+from arenaforge.services.models.endpoint_pool import EndpointPool
 from arenaforge.testing.scripted_openai import Reply, ScriptedOpenAI, chat_completion
-from arenaforge.tasks.models import ChatRequest, open_chat_model
-from arenaforge.tasks.models.endpoint_pool import EndpointPool
 from arenaforge.warehouse import Warehouse
 
 HELD_S = 600.0  # a reply this slow never comes before its server is killed

@@ -1,4 +1,4 @@
-"""The run's tenured heap (`tasks/heap.py`): survivors of a full collection are skipped by later ones while a
+"""The run's tenured heap (`services/heap.py`): survivors of a full collection are skipped by later ones while a
 run lasts, and nothing stays uncollectable once the outermost scope ends."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import weakref
 
 from arenaforge.schemas.config import Config, WarehouseConfig
-from arenaforge.tasks.heap import tenured_heap
-from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.services.heap import tenured_heap
+from arenaforge.services.run_scope import open_run_scope
 from arenaforge.warehouse import Warehouse
 
 
@@ -72,7 +72,7 @@ def test_scopes_nest_and_overlap_across_threads_and_the_last_to_end_hands_everyt
         assert gc.get_freeze_count() > 0  # the other thread's scope ended; this one has not
         dead = weakref.ref(keep)
         del keep
-    assert gc.get_freeze_count() == 0 and not any(cb.__module__ == "arenaforge.tasks.heap" for cb in gc.callbacks)
+    assert gc.get_freeze_count() == 0 and not any(cb.__module__ == "arenaforge.services.heap" for cb in gc.callbacks)
     gc.collect()
     assert dead() is None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from arenaforge.schemas.errors import InputError
-from arenaforge.tasks.train.model_paths import local_model_path
+from arenaforge.tracks.train.model_paths import local_model_path
 
 
 def test_a_folder_is_taken_as_given(tmp_path):

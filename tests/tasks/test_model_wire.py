@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from arenaforge.schemas.config import ModelConfig
+from arenaforge.services.models import ChatRequest, complete_json
 from arenaforge.testing.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.models import ChatRequest, complete_json
-from arenaforge.tasks.sft.agent import AGENT
+from arenaforge.tracks.sft.agent import AGENT
 from tests.support.models import http_model, http_step
 
 WIRE = Path(__file__).parent / "wire"

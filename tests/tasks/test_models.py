@@ -17,11 +17,11 @@ from arenaforge.schemas.errors import (
     ProviderRefused,
     ProviderUnreachable,
 )
+from arenaforge.services.models import ChatRequest, complete_json
+from arenaforge.services.models.limiter import AdaptiveLimiter
 from arenaforge.testing.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.models import ChatRequest, complete_json
-from arenaforge.tasks.models.limiter import AdaptiveLimiter
-from arenaforge.tasks.sft.chains import PROPOSE_CHAINS
-from arenaforge.tasks.sft.score_queries import SCORE_QUERY
+from arenaforge.tracks.sft.chains import PROPOSE_CHAINS
+from arenaforge.tracks.sft.score_queries import SCORE_QUERY
 from tests.support.models import http_model as chat_model
 from tests.support.models import http_step
 
@@ -218,7 +218,7 @@ def test_limiter_hands_slots_over_in_order_and_takes_back_a_cancelled_waiters_sl
 
 
 def test_limiter_serves_a_higher_priority_waiter_first():
-    from arenaforge.tasks.models.limiter import request_priority
+    from arenaforge.services.models.limiter import request_priority
 
     async def go() -> list[str]:
         limiter = AdaptiveLimiter(initial=1, maximum=1)

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from arenaforge.schemas.errors import ConfigError, ProviderError
-from arenaforge.tasks.policy import SamplingParams, build_engine
-from arenaforge.tasks.policy.vllm_http import VllmHttpEngine
-from arenaforge.tasks.rollout.episodes import run_episode
-from arenaforge.tasks.train.params import EpisodeParams
+from arenaforge.services.policy import SamplingParams, build_engine
+from arenaforge.services.policy.vllm_http import VllmHttpEngine
+from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.rollout.episodes import run_episode
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
@@ -136,7 +136,7 @@ def test_hf_engine_samples_each_request_with_its_own_seed(tokenizer):
 
 
 def test_shared_prefixes_encode_each_run_of_alike_prompts_once():
-    from arenaforge.tasks.policy.hf import shared_prefixes
+    from arenaforge.services.policy.hf import shared_prefixes
 
     head = list(range(100, 140))
     prompts = [head + [1, 2], [7] * 30, head + [3], head + [1, 2], [5]]

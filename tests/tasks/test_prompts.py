@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.tasks.prompts import Prompt, load_prompt
+from arenaforge.services.prompts import Prompt, load_prompt
 
 
 def _names(text: str) -> set[str]:
@@ -17,7 +17,7 @@ def _names(text: str) -> set[str]:
 
 
 def test_every_bundled_prompt_renders_as_string_template_does():
-    names = [p.name[:-4] for p in resources.files("arenaforge.tasks.prompts").iterdir() if p.name.endswith(".txt")]
+    names = [p.name[:-4] for p in resources.files("arenaforge.services.prompts").iterdir() if p.name.endswith(".txt")]
     assert len(names) >= 10
     for name in names:
         prompt = load_prompt(name)

@@ -8,7 +8,7 @@ import pytest
 
 from arenaforge.schemas.config import Config, WarehouseConfig
 from arenaforge.schemas.models import Run
-from arenaforge.tasks.run_scope import recorded_scope
+from arenaforge.services.run_scope import recorded_scope
 from arenaforge.warehouse import Warehouse
 
 

@@ -13,7 +13,7 @@ import pytest
 from arenaforge.schemas.config import load_config
 from arenaforge.schemas.kinds_training import EnvSplit
 from arenaforge.schemas.models import Environment, QAInstance, Rollout, Run
-from arenaforge.tasks.train.splits import assign_splits, ensure_splits, near_duplicate_group, question_template
+from arenaforge.tracks.train.splits import assign_splits, ensure_splits, near_duplicate_group, question_template
 from arenaforge.warehouse.splits import read_splits, split_env_ids
 from tests.support.rl import tiny_env
 
@@ -21,8 +21,8 @@ from tests.support.rl import tiny_env
 @pytest.fixture(scope="module")
 def synthesized(tmp_path_factory) -> Path:
     """A warehouse with 32 offline environments from the bundled sample source (process sandbox)."""
-    from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
-    from arenaforge.tasks.run_scope import open_run_scope
+    from arenaforge.services.run_scope import open_run_scope
+    from arenaforge.tracks.envs.pipeline import EnvsSpec, build_environments, synthesize_qas
     from arenaforge.warehouse import Warehouse
 
     db = tmp_path_factory.mktemp("splits") / "wh.duckdb"
@@ -85,9 +85,9 @@ def test_assignments_are_append_only(tmp_warehouse):
 @pytest.mark.slow
 def test_no_test_environment_reaches_any_training_input(synthesized, tmp_path, monkeypatch):
     """Warm start (gold replays + kept trajectories) and GRPO read train only; eval reads test only."""
-    from arenaforge.tasks.train.params import EnvSelection, EpisodeParams, GrpoParams
-    from arenaforge.tasks.train.grpo_job import grpo_job
-    from arenaforge.tasks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.grpo_job import grpo_job
+    from arenaforge.tracks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.params import EnvSelection, EpisodeParams, GrpoParams
     from arenaforge.warehouse import Warehouse
 
     monkeypatch.setenv("ARENAFORGE_SANDBOX__BACKEND", "process")

@@ -11,11 +11,11 @@ import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import RewardBreakdown, Rollout
-from arenaforge.tasks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
-from arenaforge.tasks.train.checkpoints import CheckpointManager
-from arenaforge.tasks.train.grpo import (GrpoConfig, GrpoTrainer, first_loss_position, group_advantages, pack,
+from arenaforge.tracks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
+from arenaforge.tracks.train.checkpoints import CheckpointManager
+from arenaforge.tracks.train.grpo import (GrpoConfig, GrpoTrainer, first_loss_position, group_advantages, pack,
                                         policy_loss, token_logprobs)
-from arenaforge.tasks.train.params import GrpoParams
+from arenaforge.tracks.train.params import GrpoParams
 from tests.support.rl import tiny_model_path
 
 
@@ -32,7 +32,7 @@ def grpo_config(**settings: object) -> GrpoConfig:
 
 def run_config(out_dir: str, trainer: GrpoParams, rollout: object, in_flight_groups: int, **settings: object):
     """A run's loop from GrpoParams; these tests were written for a checkpoint after every step."""
-    from arenaforge.tasks.train.run_grpo import GrpoRunConfig
+    from arenaforge.tracks.train.run_grpo import GrpoRunConfig
 
     return GrpoRunConfig.from_params(GrpoParams(**{"checkpoint_every": 1, **settings}), out_dir=out_dir,
                                      trainer=trainer, rollout=rollout, in_flight_groups=in_flight_groups)
@@ -263,8 +263,8 @@ def test_grpo_loop_writes_metrics_checkpoints_and_resumes(tmp_path, tmp_warehous
 
     from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.train.params import EpisodeParams
-    from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
     envs = [tiny_env(), tiny_env(country="Sylvania", capital="Ostia", population=5150)]
@@ -314,8 +314,8 @@ def test_grpo_with_lora_in_bf16_moves_only_adapters_saves_merged_weights_and_res
     from safetensors.torch import load_file
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.train.params import EpisodeParams
-    from arenaforge.tasks.train.run_grpo import GrpoRunConfig, train_grpo
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.run_grpo import GrpoRunConfig, train_grpo
     from tests.support.rl import solving_policy, tiny_env, with_pool
 
     envs = [tiny_env()]
@@ -353,7 +353,7 @@ def test_every_training_flow_parameter_is_described():
     """The Prefect forms show these descriptions; placeholders that markdown eats (`<out_dir>`) are not used."""
     from pydantic import BaseModel
 
-    from arenaforge.tasks.train import params
+    from arenaforge.tracks.train import params
 
     seen: set[type] = set()
 
@@ -374,7 +374,7 @@ def test_every_training_flow_parameter_is_described():
 
 def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
     from arenaforge.schemas.kinds_training import TrainStep
-    from arenaforge.tasks.train.curves import curves_figure, save_curves
+    from arenaforge.tracks.train.curves import curves_figure, save_curves
 
     warm = [TrainStep(experiment="x-warmstart", algorithm="sft", step=i, metrics={"loss": 3.0 / i}) for i in (1, 2, 3)]
     grpo = [TrainStep(experiment="x", algorithm="grpo", step=1, metrics={"reward": 0.4, "zero_variance_share": 0.25,
@@ -391,8 +391,8 @@ def test_curves_mark_skipped_steps_and_never_overwrite(tmp_path):
 
 def test_lora_and_bf16_are_refused_for_verl_in_one_line():
     """verl trains with its own actor config: a LoRA rank or precision set here would be silently ignored there."""
-    from arenaforge.tasks.train.params import GrpoParams, VerlParams
-    from arenaforge.tasks.train.verl_handoff import verl_job
+    from arenaforge.tracks.train.params import GrpoParams, VerlParams
+    from arenaforge.tracks.train.verl_handoff import verl_job
 
     for extra in ({"lora_rank": 8}, {"precision": "bf16"}):
         with pytest.raises(InputError, match="--lora-rank and --precision are for training here"):

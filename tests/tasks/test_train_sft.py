@@ -9,8 +9,8 @@ import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.kinds_training import Checkpoint, TrainStep
-from arenaforge.tasks.train.params import SftParams
-from arenaforge.tasks.train.sft import SftConfig, encode, load_examples, train_sft
+from arenaforge.tracks.train.params import SftParams
+from arenaforge.tracks.train.sft import SftConfig, encode, load_examples, train_sft
 from tests.support.rl import tiny_model_path
 
 TOOLS = [{"type": "function", "function": {"name": "get_capital", "description": "Capital of a country.",

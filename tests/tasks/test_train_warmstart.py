@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from arenaforge.schemas.models import GoldCall, ToolObservation
-from arenaforge.tasks.train.sft import encode, load_examples
-from arenaforge.tasks.train.warmstart import warmstart_examples, write_jsonl
+from arenaforge.tracks.train.sft import encode, load_examples
+from arenaforge.tracks.train.warmstart import warmstart_examples, write_jsonl
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path, with_pool
 
 
@@ -36,8 +36,8 @@ def test_tokens_equal_a_solving_rollout(tmp_path):
     from transformers import AutoTokenizer
 
     from arenaforge.testing.scripted_policy import ScriptedEngine
-    from arenaforge.tasks.rollout.episodes import run_episode
-    from arenaforge.tasks.train.params import EpisodeParams
+    from arenaforge.tracks.train.params import EpisodeParams
+    from arenaforge.tracks.train.rollout.episodes import run_episode
 
     tok = AutoTokenizer.from_pretrained(tiny_model_path())
     env = tiny_env()
@@ -66,7 +66,7 @@ def test_envs_whose_gold_calls_fail_are_rejected():
 def test_independent_gold_calls_share_a_turn():
     """Parallel branches are issued together; a call that uses an earlier answer waits for the next turn."""
     from arenaforge.schemas.models import GoldCall
-    from arenaforge.tasks.train.warmstart import call_waves, conversation
+    from arenaforge.tracks.train.warmstart import call_waves, conversation
 
     env = tiny_env().model_copy(update={"calls": [
         GoldCall(tool="get_capital", arguments={"country": "Freedonia"}, answer="Quaxton"),

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 import pytest
 
-from arenaforge.tasks.train.params import EpisodeParams
-from arenaforge.tasks.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
-from arenaforge.tasks.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
-from arenaforge.tasks.train.params import GrpoParams
-from arenaforge.tasks.verl.job import VerlJobSpec, write_job
-from arenaforge.tasks.verl.reward import compute_score
-from arenaforge.tasks.verl.tool import ArenaTool
+from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.params import GrpoParams
+from arenaforge.tracks.train.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
+from arenaforge.tracks.train.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
+from arenaforge.tracks.train.verl.job import VerlJobSpec, write_job
+from arenaforge.tracks.train.verl.reward import compute_score
+from arenaforge.tracks.train.verl.tool import ArenaTool
 from tests.support.rl import (
     call_text,
     dying_before,
@@ -126,7 +126,7 @@ def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
     assert o["actor_rollout_ref.actor.entropy_coeff"] == "0.0" and o["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
     assert o["actor_rollout_ref.rollout.n"] == "4" and o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     assert (tmp_path / "verl" / "train.parquet").exists() and (tmp_path / "verl" / "job.json").exists()
-    assert "arenaforge.tasks.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    assert "arenaforge.tracks.train.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
     assert o["actor_rollout_ref.rollout.multi_turn.tool_config_path"] == str(tmp_path / "verl" / "tool_config.yaml")
     assert job.entrypoint.startswith("python -m verl.trainer.main_ppo ")
 
@@ -178,7 +178,7 @@ def test_export_runs_through_stock_verl(tmp_path):
     a scripted LLM replays the gold calls, so every sample must score 1 under both loops."""
     import subprocess
 
-    from arenaforge.tasks.verl.dataset import write_verl
+    from arenaforge.tracks.train.verl.dataset import write_verl
     from tests.support.requirements import REPO, require_verl_venv
 
     python = require_verl_venv()

@@ -27,8 +27,8 @@ def test_bench_warehouse_prints_each_layout_and_loses_nothing(tmp_path):
 
 
 def test_the_stage_benchmarks_run_on_a_lake_or_on_one_duckdb_file(tmp_path):
+    from arenaforge.benchmarks import bench_warehouse_path
     from arenaforge.schemas.errors import ConfigError
-    from arenaforge.tasks.benchmarks import bench_warehouse_path
     from arenaforge.warehouse import Warehouse
     from arenaforge.warehouse.lake import LakeStore
     from arenaforge.warehouse.single_file import FileStore

@@ -18,7 +18,7 @@ from tests.warehouse.conftest import run_writers
 
 
 def _reset(conninfo: str) -> None:
-    from arenaforge.tasks.benchmarks.warehouse import _reset_postgres
+    from arenaforge.benchmarks.warehouse import _reset_postgres
 
     _reset_postgres(conninfo)
 

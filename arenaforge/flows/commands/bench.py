@@ -1,6 +1,6 @@
 """`arenaforge bench NAME`: run a benchmark and print its numbers as JSON.
 
-Each module in `arenaforge/tasks/benchmarks/` that defines `main` becomes a sub-command; its keyword
+Each module in `arenaforge/benchmarks/` that defines `main` becomes a sub-command; its keyword
 arguments (with type hints and defaults) become options.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import typer
 
+from arenaforge import benchmarks
 from arenaforge.flows.context import flag_errors
-from arenaforge.tasks import benchmarks
 
 app = typer.Typer(help="Benchmarks that print numbers as JSON (never timed tests).", no_args_is_help=True)
 
@@ -57,6 +57,6 @@ def _docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 for _info in pkgutil.iter_modules(benchmarks.__path__):
-    _module = importlib.import_module(f"arenaforge.tasks.benchmarks.{_info.name}")
+    _module = importlib.import_module(f"arenaforge.benchmarks.{_info.name}")
     if hasattr(_module, "main"):
         _register(_info.name, _module.main)

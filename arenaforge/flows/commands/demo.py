@@ -3,7 +3,7 @@
 Runs the real flows in order — ingest → graph → sft (exported) → envs → export (verl, Harbor,
 JSONL) → (with --train) warm start + GRPO of the default policy on the train split and its evaluation
 on the test split — with the offline backend and the project's own sample tool documents
-(`arenaforge/tasks/data/sample_tools/`) and knowledge source (`arenaforge/tasks/data/sample_source/`).
+(`arenaforge/data/sample_tools/`) and knowledge source (`arenaforge/data/sample_source/`).
 Needs no model endpoint, no network and no ../shared data. Re-running it adds no duplicates. It ends by
 saying where it wrote every export.
 """
@@ -19,13 +19,13 @@ import typer
 
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
-from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.pipeline import EnvsSpec
 
 app = typer.Typer(help="Run the whole pipeline offline on the bundled sample data.", invoke_without_command=True)
 
 
 def _sample(name: str) -> str:
-    return str(resources.files("arenaforge.tasks.data").joinpath(name))
+    return str(resources.files("arenaforge.data").joinpath(name))
 
 
 @app.callback()
@@ -42,9 +42,9 @@ def demo(
         return
     from arenaforge.flows.envs_flows import EnvsParams, envs
     from arenaforge.flows.sft_flows import GraphParams, IngestParams, SftParams, graph, ingest, sft
-    from arenaforge.tasks.envs.export import export_environments, verified_environments
-    from arenaforge.tasks.train.splits import held_out_ids
-    from arenaforge.tasks.verl.dataset import write_verl
+    from arenaforge.tracks.envs.export import export_environments, verified_environments
+    from arenaforge.tracks.train.splits import held_out_ids
+    from arenaforge.tracks.train.verl.dataset import write_verl
 
     st = state(ctx)
     st.overrides.setdefault("model.backend", "offline")
@@ -109,7 +109,7 @@ TRAIN_MIN_QAS = 2000  # the recipe's data size (`bench learning`)
 def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
     """The default policy's recipe (`arenaforge bench learning` measures it): warm start, GRPO, eval on the test split."""
     from arenaforge.flows.train_flows import train_grpo
-    from arenaforge.tasks.train.params import GrpoParams, RECIPE
+    from arenaforge.tracks.train.params import GrpoParams, RECIPE
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
     params = GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **RECIPE, **base)

@@ -12,8 +12,8 @@ from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.display import console, print_rows
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
-from arenaforge.tasks.envs.distractors import BANDS
-from arenaforge.tasks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.distractors import BANDS
+from arenaforge.tracks.envs.pipeline import EnvsSpec
 
 app = typer.Typer(help="Synthesize verified, executable RL environments (RL track).", no_args_is_help=True)
 
@@ -79,7 +79,7 @@ def show(ctx: typer.Context, env_id: str = typer.Argument(..., help="Environment
          code: bool = typer.Option(True, "--code/--no-code", help="Print the tool code.")) -> None:
     """Print one environment: tools, code, QA graph, gold calls and verification."""
     from arenaforge.schemas.models import QAInstance
-    from arenaforge.tasks.envs.evidence import kind_of
+    from arenaforge.tracks.envs.evidence import kind_of
 
     wh = state(ctx).warehouse()
     env = _load_env(wh, env_id)
@@ -118,9 +118,9 @@ def export(
                                          "any image with python3)."),
 ) -> None:
     """Export verified environments: verl 0.9.1 files (train/val Parquet + configs), Harbor task dirs, JSON-lines."""
-    from arenaforge.tasks.envs.export import BASE_IMAGE, export_environments, verified_environments
-    from arenaforge.tasks.train.splits import held_out_ids
-    from arenaforge.tasks.verl.dataset import write_verl
+    from arenaforge.tracks.envs.export import BASE_IMAGE, export_environments, verified_environments
+    from arenaforge.tracks.train.splits import held_out_ids
+    from arenaforge.tracks.train.verl.dataset import write_verl
 
     st = state(ctx)
     envs = verified_environments(st.warehouse(), where, limit)
@@ -142,7 +142,7 @@ def serve(
     """Serve one environment's tools over MCP: one sandbox session per MCP session; the episode's F1 as a resource."""
     import asyncio
 
-    from arenaforge.tasks.envs.mcp_server import serve_http, serve_stdio
+    from arenaforge.tracks.envs.mcp_server import serve_http, serve_stdio
 
     if transport not in ("stdio", "http"):
         raise InputError(f"unknown transport {transport!r}; use stdio or http")

@@ -10,7 +10,7 @@ import typer
 from arenaforge.flows.commands.train import CONTEXT_FIELDS, ENV_FLAGS
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.options import ParamsOptions
-from arenaforge.tasks.train.params import EvalParams
+from arenaforge.tracks.train.params import EvalParams
 
 app = typer.Typer(help="Evaluate a policy on held-out environments, or on an imported suite (--suite).",
                   invoke_without_command=True)

@@ -38,7 +38,7 @@ def show(
 ) -> None:
     """Draw SERVER's tool-call graph to a PNG (edge width = weight, label = uses) and list its edges."""
     from arenaforge.flows.display import print_rows
-    from arenaforge.tasks.sft.tool_graph import draw_graph, load_graphs, load_servers
+    from arenaforge.tracks.sft.tool_graph import draw_graph, load_graphs, load_servers
 
     st = state(ctx)
     wh = st.warehouse()
@@ -59,7 +59,7 @@ def sample(
     seed: int = typer.Option(None, help="Walk seed (default: config seed)."),
 ) -> None:
     """Sample and verify chains (weighted, bounded, acyclic walks) without running the rest of `sft`."""
-    from arenaforge.tasks.sft.stages import sample_chains
+    from arenaforge.tracks.sft.stages import sample_chains
 
     st = state(ctx)
     cfg = st.config

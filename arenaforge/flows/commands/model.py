@@ -8,7 +8,7 @@ import threading
 
 import typer
 
-from arenaforge.tasks.models.local_engine import BUNDLED, DEFAULT_MODEL, EngineSettings, LocalEngine, health
+from arenaforge.services.models.local_engine import BUNDLED, DEFAULT_MODEL, EngineSettings, LocalEngine, health
 
 app = typer.Typer(help="Serve a local model (llama-server over a GGUF) and check endpoints.", no_args_is_help=True)
 

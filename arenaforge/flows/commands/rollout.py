@@ -10,7 +10,7 @@ import typer
 from arenaforge.flows.commands.train import CONTEXT_FIELDS, ENV_FLAGS
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.options import ParamsOptions
-from arenaforge.tasks.train.params import RolloutParams
+from arenaforge.tracks.train.params import RolloutParams
 
 app = typer.Typer(help="Run policy rollouts in environments with the F1 reward.", no_args_is_help=True)
 

@@ -38,7 +38,7 @@ def export(
     min_score: float = typer.Option(None, help="Stricter keep threshold on the judge mean."),
 ) -> None:
     """Write kept trajectories as OpenAI messages + tools (sft.jsonl, sft.parquet) and sft_stats.json."""
-    from arenaforge.tasks.sft.export import export_sft
+    from arenaforge.tracks.sft.export import export_sft
 
     st = state(ctx)
     report = export_sft(st.warehouse(), out or st.config.out_dir, run_id=run_id, min_score=min_score)

@@ -11,7 +11,7 @@ import typer
 from arenaforge.flows.context import run_flow, state
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
-from arenaforge.tasks.train.params import GrpoParams, SftParams, WarmstartParams
+from arenaforge.tracks.train.params import GrpoParams, SftParams, WarmstartParams
 
 app = typer.Typer(help="Train policies: GRPO and SFT, on one node or via verl.", no_args_is_help=True)
 
@@ -39,7 +39,7 @@ def build_tiny_model_cmd(
     seed: int = typer.Option(0, help="Weight-initialisation seed."),
 ) -> None:
     """A random-weight Qwen3-style model with a tokenizer trained on this project's text (offline)."""
-    from arenaforge.tasks.train.tiny_model import build_tiny_model
+    from arenaforge.tracks.train.tiny_model import build_tiny_model
 
     path = build_tiny_model(out, layers=layers, hidden=hidden, seed=seed)
     _echo({"path": str(path)})

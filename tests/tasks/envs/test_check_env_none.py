@@ -7,7 +7,7 @@ import asyncio
 
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import GoldCall
-from arenaforge.tasks.envs.check_env import check_environment
+from arenaforge.tracks.envs.check_env import check_environment
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.rl import CODE, tiny_env
 
@@ -57,7 +57,7 @@ def test_self_test_shares_a_session_only_while_the_state_is_unchanged():
     """A read-only replay leaves the random calls its session (one open); a replay that changed the state gets them
     a fresh one, so they score as in a fresh session: here the random call repeats the gold call and earns 1.0."""
     from arenaforge.schemas.models import Environment, FunctionDoc
-    from arenaforge.tasks.envs.check_env import self_test
+    from arenaforge.tracks.envs.check_env import self_test
 
     ticket = Environment(name="tickets", tools=[FunctionDoc(name="next_ticket", description="The next ticket number.",
                                                             parameters={"type": "object", "properties": {}})],

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from arenaforge.testing.scripted_openai import Reply, chat_completion
-from arenaforge.tasks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer, hop_level
-from arenaforge.tasks.envs.grounding import check_qa, source_answer
-from arenaforge.tasks.envs.knowledge import load_sample, load_tau2_retail
+from arenaforge.tracks.envs.decompose_qa import STRUCTURES, QASpec, QASynthesizer, hop_level
+from arenaforge.tracks.envs.grounding import check_qa, source_answer
+from arenaforge.tracks.envs.knowledge import load_sample, load_tau2_retail
 from tests.support.envs_fakes import EnvsResponder, model_cfg
 from tests.support.models import http_model as chat_model
 from tests.support.models import offline_model
@@ -59,7 +59,7 @@ def test_hop_budget_and_determinism(sample) -> None:
 
 
 def test_no_join_path_is_a_rejection_not_a_crash(tmp_path: Path) -> None:
-    from arenaforge.tasks.envs.knowledge import load_tables
+    from arenaforge.tracks.envs.knowledge import load_tables
 
     (tmp_path / "planets.csv").write_text("planet,moons\nMars,2\nEarth,1\nVenus,0\n")
     src = load_tables("lonely", [tmp_path / "planets.csv"])

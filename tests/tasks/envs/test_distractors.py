@@ -7,15 +7,15 @@ import asyncio
 import pytest
 
 from arenaforge.environments.runtime import create_pool, run_calls
-from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.check_env import random_arguments
-from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import DistractorMix, choose_distractors, tool_text
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.pipeline import EnvsSpec
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
-from arenaforge.tasks.envs.tool_impl import assemble
-from arenaforge.tasks.embeddings import embed
+from arenaforge.services.embeddings import embed
+from arenaforge.tracks.envs.build_tools import ToolBuilder
+from arenaforge.tracks.envs.check_env import random_arguments
+from arenaforge.tracks.envs.decompose_qa import QASpec, QASynthesizer
+from arenaforge.tracks.envs.distractors import DistractorMix, choose_distractors, tool_text
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.tool_impl import assemble
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.models import offline_model
 
@@ -78,7 +78,7 @@ def test_distractors_are_callable(drafts) -> None:
 @pytest.mark.slow
 def test_minilm_embeddings_rank_related_tools_higher(drafts) -> None:
     """Distractor selection on the real all-MiniLM-L6-v2 embeddings (offline wheel, 384-d, normalised)."""
-    from arenaforge.tasks.embeddings import embed
+    from arenaforge.services.embeddings import embed
 
     docs = {t.name: t.doc for d in drafts for t in d.tools}
     chosen = choose_distractors(drafts[:8], EnvsSpec().mix(), embed, seed=0)

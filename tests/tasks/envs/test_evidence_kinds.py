@@ -9,8 +9,8 @@ import typing
 import pytest
 
 from arenaforge.schemas.models import Evidence
-from arenaforge.tasks.envs.evidence import KINDS, kind_of
-from arenaforge.tasks.envs.tool_impl import BuildError
+from arenaforge.tracks.envs.evidence import KINDS, kind_of
+from arenaforge.tracks.envs.tool_impl import BuildError
 
 
 def test_every_kind_the_record_allows_has_its_class() -> None:
@@ -22,7 +22,7 @@ def test_every_kind_the_record_allows_has_its_class() -> None:
 def test_the_decomposition_schema_lists_the_registered_kinds_in_the_requests_bytes() -> None:
     """The answer schema's kind enum comes from `KINDS`; the request (its hash is the LLM cache key) is the one the
     hand-written enum made. A new kind changes the requests on purpose: then this hash changes with it."""
-    from arenaforge.tasks.envs.decompose_qa import DECOMPOSE, EVIDENCE_SCHEMA
+    from arenaforge.tracks.envs.decompose_qa import DECOMPOSE, EVIDENCE_SCHEMA
 
     assert EVIDENCE_SCHEMA["properties"]["kind"] == {"enum": list(KINDS)}
     sent = json.dumps(DECOMPOSE.schema, ensure_ascii=False).encode()

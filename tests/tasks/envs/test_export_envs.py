@@ -16,16 +16,16 @@ import pytest
 
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.distractors import choose_distractors
-from arenaforge.tasks.envs.export import grade_source, write_harbor, write_jsonl
-from arenaforge.tasks.verl.dataset import write_verl
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.pipeline import EnvsSpec
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
-from arenaforge.tasks.envs.tool_impl import assemble
-from arenaforge.tasks.embeddings import embed
+from arenaforge.services.embeddings import embed
+from arenaforge.tracks.envs.build_tools import ToolBuilder
+from arenaforge.tracks.envs.decompose_qa import QASpec, QASynthesizer
+from arenaforge.tracks.envs.distractors import choose_distractors
+from arenaforge.tracks.envs.export import grade_source, write_harbor, write_jsonl
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.tool_impl import assemble
+from arenaforge.tracks.train.verl.dataset import write_verl
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.harbor import ToolsService
 from tests.support.models import offline_model
@@ -71,7 +71,7 @@ def test_verl_export_writes_splits_tools_and_configs(envs, tmp_path: Path) -> No
 
     tools = yaml.safe_load(files.tool_config.read_text())["tools"]
     assert {t["tool_schema"]["function"]["name"] for t in tools} >= set(own)
-    assert {t["class_name"] for t in tools} == {"arenaforge.tasks.verl.verl_adapter.VerlArenaTool"}
+    assert {t["class_name"] for t in tools} == {"arenaforge.tracks.train.verl.verl_adapter.VerlArenaTool"}
     (loop,) = yaml.safe_load(files.agent_config.read_text())
     assert loop["name"] == row["agent_name"] == "arena_agent" and loop["environments"] == str(files.environments)
     assert sorted(Environment.model_validate_json(x).id for x in files.environments.read_text().splitlines()) == \
@@ -79,7 +79,7 @@ def test_verl_export_writes_splits_tools_and_configs(envs, tmp_path: Path) -> No
 
 
 def test_verl_tool_names_split_same_name_different_schema() -> None:
-    from arenaforge.tasks.verl.dataset import verl_tool_names
+    from arenaforge.tracks.train.verl.dataset import verl_tool_names
     from tests.support.rl import tiny_env
 
     a = tiny_env()

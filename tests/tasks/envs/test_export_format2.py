@@ -16,13 +16,13 @@ import polars as pl
 import pytest
 
 from arenaforge.environments.containers import TaskContainers
+from arenaforge.environments.reward import f1_reward
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
-from arenaforge.environments.reward import f1_reward
-from arenaforge.tasks.envs.export import write_harbor
-from arenaforge.tasks.verl.dataset import write_verl
-from arenaforge.tasks.envs.import_harbor import import_tasks
+from arenaforge.tracks.envs.export import write_harbor
+from arenaforge.tracks.envs.import_harbor import import_tasks
+from arenaforge.tracks.train.verl.dataset import write_verl
 from arenaforge.warehouse import Warehouse
 from tests.support.harbor import ToolsService
 from tests.support.requirements import require_bfcl
@@ -33,7 +33,7 @@ SANDBOX = SandboxConfig(backend="process", pool_size=1, output_limit_bytes=8 << 
 @pytest.fixture(scope="module")
 def bfcl_envs() -> list[Environment]:
     require_bfcl()
-    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+    from arenaforge.tracks.envs.import_bfcl import import_suite, locate
 
     async def imported():
         async with await create_pool(SANDBOX) as pool:

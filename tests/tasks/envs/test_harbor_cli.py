@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.tasks.envs import harbor_cli
-from arenaforge.tasks.envs.export import write_harbor
+from arenaforge.tracks.envs import harbor_cli
+from arenaforge.tracks.envs.export import write_harbor
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.requirements import require_docker, require_harbor
 from tests.support.rl import tiny_env
@@ -58,7 +58,7 @@ def _base(tasks: Path) -> str:
 
 def test_oracle_scores_one_nop_and_root_forgers_zero(tasks: Path, tmp_path: Path) -> None:
     install = require_harbor()
-    forgers = str(resources.files("arenaforge.tasks.envs").joinpath("harbor"))
+    forgers = str(resources.files("arenaforge.tracks.envs").joinpath("harbor"))
     names = sorted(d.name for d in tasks.iterdir())
     for agent, extra, expected in (("oracle", [], 1.0), ("nop", [], 0.0),
                                    ("forge_agents:AllForgeries", ["--ak", f"tasks_dir={tasks}"], 0.0)):

@@ -42,7 +42,7 @@ def bfcl_reference(entry: dict, answer: dict, category: str) -> tuple[list[list[
 @pytest.fixture(scope="module")
 def bfcl():
     require_bfcl()
-    from arenaforge.tasks.envs.import_bfcl import locate
+    from arenaforge.tracks.envs.import_bfcl import locate
 
     return locate()
 
@@ -52,7 +52,7 @@ def bfcl():
 @pytest.mark.parametrize("backend, per_category", [("process", None),
                                                    pytest.param("docker", 50, marks=pytest.mark.docker)])
 def test_every_gold_replay_reproduces_bfcl_s_executor(bfcl, backend: str, per_category: int | None) -> None:
-    from arenaforge.tasks.envs.import_bfcl import import_suite
+    from arenaforge.tracks.envs.import_bfcl import import_suite
 
     if backend == "docker":
         require_docker()
@@ -80,7 +80,7 @@ def test_every_gold_replay_reproduces_bfcl_s_executor(bfcl, backend: str, per_ca
 
 
 def test_warehouse_copies_replay_the_same_and_missed_tools_wait_for_their_turn(bfcl, tmp_path) -> None:
-    from arenaforge.tasks.envs.import_bfcl import import_suite, replay_task, task_environment
+    from arenaforge.tracks.envs.import_bfcl import import_suite, replay_task, task_environment
 
     async def imported() -> tuple:
         async with await create_pool(sandbox("process")) as pool:

@@ -20,13 +20,13 @@ import pytest
 from arenaforge.environments.containers import RoutedPool, TaskContainers
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.models import Environment, Rejection
-from arenaforge.tasks.envs.export import export_environments
-from arenaforge.tasks.envs.import_harbor import read_task
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.train.params import EpisodeParams
-from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
-from arenaforge.tasks.train.params import EnvSelection
-from arenaforge.tasks.train.env_selection import matching_envs
+from arenaforge.tracks.envs.export import export_environments
+from arenaforge.tracks.envs.import_harbor import read_task
+from arenaforge.tracks.train.env_selection import matching_envs
+from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.params import EnvSelection
+from arenaforge.tracks.train.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.warehouse import Warehouse
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.requirements import require_docker

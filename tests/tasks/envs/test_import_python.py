@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from arenaforge.environments.state import namespace_state, state_hash
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.import_python import derive_tool_docs, read_source
+from arenaforge.tracks.envs.import_python import derive_tool_docs, read_source
 from arenaforge.warehouse import Warehouse
 
 BANK = '''\

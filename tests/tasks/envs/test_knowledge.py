@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from arenaforge.schemas.errors import InputError
-from arenaforge.tasks.envs.knowledge import load_sample, load_source, load_tables, load_tau2_retail, load_text_corpus
+from arenaforge.tracks.envs.knowledge import load_sample, load_source, load_tables, load_tau2_retail, load_text_corpus
 
 
 def test_sample_source_profiles_keys_and_links() -> None:

@@ -18,8 +18,8 @@ import pytest
 from arenaforge.environments.reward import f1_reward
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.export import write_jsonl
-from arenaforge.tasks.envs.mcp_server import REWARD_URI
+from arenaforge.tracks.envs.export import write_jsonl
+from arenaforge.tracks.envs.mcp_server import REWARD_URI
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.synth_envs import synthesize
 

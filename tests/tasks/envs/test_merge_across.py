@@ -12,9 +12,9 @@ from pathlib import Path
 from arenaforge.schemas.config import load_config
 from arenaforge.schemas.kinds_envs import DistractorPick, DistractorSet, EnvMerge, MergeCandidate
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
-from arenaforge.tasks.envs.stream import run_envs
-from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.services.run_scope import open_run_scope
+from arenaforge.tracks.envs.pipeline import EnvsSpec, build_environments, chunks, synthesize_qas
+from arenaforge.tracks.envs.stream import run_envs
 from arenaforge.warehouse import Warehouse, lookups
 
 TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "merge_candidates", "distractor_sets",

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from arenaforge.environments.runtime import create_pool
-from arenaforge.tasks.envs.build_tools import ToolBuilder
-from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.merge_envs import ToolGrouper, merge_environments
-from arenaforge.tasks.envs.tool_data import Probe
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.build_tools import ToolBuilder
+from arenaforge.tracks.envs.decompose_qa import QASpec, QASynthesizer
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.merge_envs import ToolGrouper, merge_environments
+from arenaforge.tracks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.tool_data import Probe
 from tests.support.envs_fakes import EnvsResponder, model_cfg, sandbox_cfg
 from tests.support.models import http_model as chat_model
 from tests.support.models import offline_model
@@ -53,9 +53,9 @@ def test_equivalent_tools_merge_and_every_qa_still_verifies(sample) -> None:
 
 def test_unsafe_merge_is_refused_and_tools_kept(sample, monkeypatch) -> None:
     # data that cannot be cleaned of foreign answers (as model-written data may be) must fail re-verification
-    import arenaforge.tasks.envs.merge_envs
+    import arenaforge.tracks.envs.merge_envs
 
-    monkeypatch.setattr(arenaforge.tasks.envs.merge_envs, "_without_foreign_answers", lambda data, members: data)
+    monkeypatch.setattr(arenaforge.tracks.envs.merge_envs, "_without_foreign_answers", lambda data, members: data)
     spec = QASpec(n=12, structures=("single_hop",), seed=4)
     instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances
 
@@ -98,7 +98,7 @@ def test_model_grouper_over_http(sample, scripted_openai) -> None:
 
 
 def test_windows_against_one_index_make_the_batch_merges_groups(sample) -> None:
-    from arenaforge.tasks.envs.merge_envs import MergeIndex
+    from arenaforge.tracks.envs.merge_envs import MergeIndex
 
     spec = QASpec(n=24, structures=("single_hop", "multi_hop"), max_hops=2, seed=0)
     instances = asyncio.run(QASynthesizer(offline_model()).synthesize(sample, spec)).instances

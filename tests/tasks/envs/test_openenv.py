@@ -17,7 +17,7 @@ import pytest
 
 from arenaforge.environments.reward import f1_reward
 from arenaforge.environments.runtime import create_pool, run_calls
-from arenaforge.tasks.envs.export import write_openenv
+from arenaforge.tracks.envs.export import write_openenv
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.prefect_server import free_port
 from tests.support.requirements import require_openenv

@@ -14,10 +14,10 @@ import random
 import pytest
 
 from arenaforge.testing.scripted_openai import chat_completion
-from arenaforge.tasks.envs.decompose_qa import QASpec
-from arenaforge.tasks.envs.grounding import check_qa
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.stepwise_qa import STRUCTURES, StepwiseQASynthesizer, plan_facts, subqa_schema
+from arenaforge.tracks.envs.decompose_qa import QASpec
+from arenaforge.tracks.envs.grounding import check_qa
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.stepwise_qa import STRUCTURES, StepwiseQASynthesizer, plan_facts, subqa_schema
 from tests.support.envs_fakes import model_cfg
 from tests.support.models import http_model as chat_model
 from tests.support.models import offline_model

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from arenaforge.schemas.config import load_config
+from arenaforge.services.run_scope import open_run_scope
 from arenaforge.testing.scripted_endpoint import ScriptedEndpoint
-from arenaforge.tasks.envs.pipeline import EnvsSpec
-from arenaforge.tasks.envs.stream import run_envs
-from arenaforge.tasks.run_scope import open_run_scope
+from arenaforge.tracks.envs.pipeline import EnvsSpec
+from arenaforge.tracks.envs.stream import run_envs
 from arenaforge.warehouse import Warehouse
 
 TABLES = ["qa_instances", "qa_verifications", "environments", "env_merges", "distractor_sets", "rejections"]
@@ -69,8 +69,8 @@ def test_with_merge_across_windows_write_in_order_when_a_later_one_finishes_firs
     """A crash must leave the first windows written (a re-run's merge index takes up where they stopped; a later
     window's groups loaded without an earlier one's would place its members after them). Window 1's self-tests are
     held until another window's have run: window 2 is ready first, and still writes after window 1."""
-    import arenaforge.tasks.envs.pipeline as pipeline
-    from arenaforge.tasks.envs.stream import stream_envs
+    import arenaforge.tracks.envs.pipeline as pipeline
+    from arenaforge.tracks.envs.stream import stream_envs
 
     spec = EnvsSpec(pipeline="stream", sources=["sample"], n=16, seed=7, batch_size=4, merge_across=True)
     cfg = load_config(None, overrides={"warehouse.path": str(tmp_path / "w.duckdb"), "sandbox.backend": "process",

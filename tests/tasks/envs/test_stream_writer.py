@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from arenaforge.schemas.models import Rejection
-from arenaforge.tasks.envs.stream_writer import RecordWriter
+from arenaforge.tracks.envs.stream_writer import RecordWriter
 from arenaforge.warehouse import Warehouse
 
 

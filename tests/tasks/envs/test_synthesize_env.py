@@ -10,12 +10,12 @@ import pytest
 from arenaforge.environments.reward import answer_matches
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
-from arenaforge.tasks.envs.build_tools import IMPLEMENT_TOOL, ToolBuilder
-from arenaforge.tasks.envs.check_env import self_test
-from arenaforge.tasks.envs.decompose_qa import QASpec, QASynthesizer
-from arenaforge.tasks.envs.knowledge import load_sample
-from arenaforge.tasks.envs.synthesize_env import synthesize_environments
-from arenaforge.tasks.envs.tool_impl import check_doc, stdlib_only
+from arenaforge.tracks.envs.build_tools import IMPLEMENT_TOOL, ToolBuilder
+from arenaforge.tracks.envs.check_env import self_test
+from arenaforge.tracks.envs.decompose_qa import QASpec, QASynthesizer
+from arenaforge.tracks.envs.knowledge import load_sample
+from arenaforge.tracks.envs.synthesize_env import synthesize_environments
+from arenaforge.tracks.envs.tool_impl import check_doc, stdlib_only
 from tests.support.envs_fakes import EnvsResponder, model_cfg, sandbox_cfg
 from tests.support.models import http_model as chat_model
 from tests.support.models import offline_model
@@ -86,7 +86,7 @@ def test_self_test_scores_gold_empty_and_random(sample, instances) -> None:
 # "leak": code that returns the answer it was told whatever it is asked; the source says otherwise for other records
 @pytest.mark.parametrize(("bad", "reason"), [("loop", "timeout"), ("leak", "wrong_answer")])
 def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai, bad, reason) -> None:
-    from arenaforge.tasks.envs.decompose_qa import QASynthesizer
+    from arenaforge.tracks.envs.decompose_qa import QASynthesizer
 
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:
@@ -103,7 +103,7 @@ def test_bad_generated_code_is_rejected_with_its_reason(sample, scripted_openai,
 
 
 def test_openai_tools_and_non_json_answers(sample, scripted_openai) -> None:
-    from arenaforge.tasks.envs.decompose_qa import QASynthesizer
+    from arenaforge.tracks.envs.decompose_qa import QASynthesizer
 
     scripted_openai.responder = EnvsResponder()
     with chat_model(model_cfg(scripted_openai.url)) as model:

@@ -19,8 +19,8 @@ from arenaforge.environments.reward import f1_reward
 from arenaforge.environments.runtime import create_pool, run_calls
 from arenaforge.schemas.models import Environment
 from arenaforge.testing.scripted_openai import ScriptedOpenAI
-from arenaforge.tasks.envs.export import write_verifiers
-from arenaforge.tasks.rollout.episodes import user_turns
+from arenaforge.tracks.envs.export import write_verifiers
+from arenaforge.tracks.train.rollout.episodes import user_turns
 from tests.support.envs_fakes import sandbox_cfg
 from tests.support.requirements import require_verifiers
 from tests.support.scripted_policy import ANSWER, replay_policy

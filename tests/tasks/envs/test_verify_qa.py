@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from arenaforge.schemas.models import Evidence, QAInstance, SubQA
-from arenaforge.tasks.envs.decompose_qa import make_instance
-from arenaforge.tasks.envs.verify_qa import VERIFY, KeepRule, QAJudge, structural_checks, verify_batch
-from arenaforge.tasks.offline.envs_verify import rule_checks
+from arenaforge.tracks.envs.decompose_qa import make_instance
+from arenaforge.tracks.envs.offline_verify import rule_checks
+from arenaforge.tracks.envs.verify_qa import VERIFY, KeepRule, QAJudge, structural_checks, verify_batch
 from tests.support.envs_fakes import EnvsResponder, model_cfg
 from tests.support.models import http_model as chat_model
 from tests.support.models import offline_model

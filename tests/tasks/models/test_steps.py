@@ -1,4 +1,4 @@
-"""Steps are declared beside their stages (tasks.models.steps.Step); the offline provider finds each rule through them."""
+"""Steps are declared beside their stages (services.models.steps.Step); the offline provider finds each rule through them."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 import pytest
 
 from arenaforge.schemas.errors import ProviderError
-from arenaforge.tasks.envs import pipeline, stepwise_qa
-from arenaforge.tasks.models import ChatRequest, Step, complete_json
-from arenaforge.tasks.models.steps import declared, offline_rule
-from arenaforge.tasks.prompts import load_prompt
-from arenaforge.tasks.sft import stages
+from arenaforge.services.models import ChatRequest, Step, complete_json
+from arenaforge.services.models.steps import declared, offline_rule
+from arenaforge.services.prompts import load_prompt
+from arenaforge.tracks.envs import pipeline, stepwise_qa
+from arenaforge.tracks.sft import stages
 from tests.support.models import offline_model
 
 PIPELINES = (pipeline, stepwise_qa, stages)  # between them they import every stage module of both tracks
@@ -21,7 +21,7 @@ PIPELINES = (pipeline, stepwise_qa, stages)  # between them they import every st
 def _stage_steps() -> list[Step]:
     """Every Step the two tracks' stage modules declare."""
     return [value for name, module in list(sys.modules.items())
-            if name.startswith(("arenaforge.tasks.envs.", "arenaforge.tasks.sft.")) and module is not None
+            if name.startswith(("arenaforge.tracks.envs.", "arenaforge.tracks.sft.")) and module is not None
             for value in vars(module).values() if isinstance(value, Step)]
 
 

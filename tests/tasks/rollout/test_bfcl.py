@@ -11,7 +11,7 @@ import pytest
 
 from arenaforge.schemas.models import FunctionDoc
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.bfcl import BfclUnavailable, ParsedCall, calls_match, evaluate_bfcl, load_bfcl
+from arenaforge.tracks.train.rollout.bfcl import BfclUnavailable, ParsedCall, calls_match, evaluate_bfcl, load_bfcl
 from tests.support.requirements import require_bfcl_checker, require_shared_data
 from tests.support.rl import tiny_model_path
 
@@ -105,7 +105,7 @@ def test_bfcl_s_own_checker_scores_the_answers_and_our_matcher_agrees(monkeypatc
 def test_missing_data_is_reported_not_raised_elsewhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ARENAFORGE_SHARED_DATA", str(tmp_path / "nowhere"))
-    import arenaforge.tasks.rollout.bfcl as bfcl_module
+    import arenaforge.tracks.train.rollout.bfcl as bfcl_module
 
     def no_package(name):  # scripts/setup.sh installs bfcl-eval: hide it, as on a machine without it
         raise ModuleNotFoundError(name)

@@ -7,13 +7,13 @@ import asyncio
 import pytest
 
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.episodes import (
+from arenaforge.tracks.train.rollout.episodes import (
     parse_tool_calls,
     render_observations,
     run_episode,
     run_rollouts,
 )
-from arenaforge.tasks.train.params import EpisodeParams
+from arenaforge.tracks.train.params import EpisodeParams
 from tests.support.rl import call_text, dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 
@@ -136,7 +136,7 @@ def test_rollouts_against_the_process_sandbox(tokenizer):
 
 
 def test_env_failures_become_tagged_rejections(tokenizer):
-    from arenaforge.tasks.rollout.episodes import env_failure_rejections
+    from arenaforge.tracks.train.rollout.episodes import env_failure_rejections
 
     env = tiny_env()
     engine = ScriptedEngine(tokenizer, dying_before(solving_policy(env), {"get_capital"}))
@@ -151,7 +151,7 @@ def test_env_failures_become_tagged_rejections(tokenizer):
 
 
 def test_stream_groups_give_each_group_new_seeds(tokenizer):
-    from arenaforge.tasks.rollout.episodes import GROUP_SEED_STRIDE, stream_groups
+    from arenaforge.tracks.train.rollout.episodes import GROUP_SEED_STRIDE, stream_groups
 
     seeds: list[int] = []
 

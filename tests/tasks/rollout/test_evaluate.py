@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from arenaforge.schemas.kinds_training import EvalRun
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
-from arenaforge.tasks.train.params import EpisodeParams
+from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.rollout.evaluate import EvalConfig, evaluate
 from tests.support.rl import dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 

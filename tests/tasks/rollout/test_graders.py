@@ -7,7 +7,7 @@ import typing
 
 from arenaforge.environments.native import NativeVerdict
 from arenaforge.schemas.models import Environment, FunctionDoc, NativeCheck
-from arenaforge.tasks.rollout.graders import GRADERS, grader_for
+from arenaforge.tracks.envs.graders import GRADERS, grader_for
 
 
 def test_every_native_check_kind_has_its_grader() -> None:

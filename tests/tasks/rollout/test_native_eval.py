@@ -15,11 +15,11 @@ from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tasks.rollout.episodes import user_turns
-from arenaforge.tasks.train.params import EpisodeParams
-from arenaforge.tasks.rollout.evaluate import EvalConfig, evaluate
-from arenaforge.tasks.train.params import EnvSelection
-from arenaforge.tasks.train.env_selection import matching_envs
+from arenaforge.tracks.train.env_selection import matching_envs
+from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.params import EnvSelection
+from arenaforge.tracks.train.rollout.episodes import user_turns
+from arenaforge.tracks.train.rollout.evaluate import EvalConfig, evaluate
 from tests.support.requirements import require_bfcl
 from tests.support.rl import call_text, tiny_model_path
 
@@ -62,7 +62,7 @@ def run_eval(envs: list[Environment], respond, suite: str):
 
 def test_bfcl_multi_turn_episodes_scored_the_way_bfcl_scores_them(tmp_warehouse) -> None:
     require_bfcl()
-    from arenaforge.tasks.envs.import_bfcl import import_suite, locate
+    from arenaforge.tracks.envs.import_bfcl import import_suite, locate
 
     async def imported():
         async with await create_pool(SandboxConfig(backend="process", pool_size=2, output_limit_bytes=8 << 20)) as pool:
@@ -86,7 +86,7 @@ def test_bfcl_multi_turn_episodes_scored_the_way_bfcl_scores_them(tmp_warehouse)
 
 
 def test_a_users_class_is_scored_by_its_final_state(tmp_path: Path) -> None:
-    from arenaforge.tasks.envs.import_python import import_environment, python_environment, read_calls, read_source
+    from arenaforge.tracks.envs.import_python import import_environment, python_environment, read_calls, read_source
     from tests.tasks.envs.test_import_python import BANK, CALLS, STATE
 
     (tmp_path / "bank.py").write_text(BANK)

@@ -10,12 +10,12 @@ from importlib import resources
 
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import ChatMessage, JudgeScore, Trajectory
-from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.tasks.sft.grounded_arguments import grounded_tools, invented_argument
-from arenaforge.tasks.sft.ingest_tools import ingest_paths
+from arenaforge.tracks.sft import stages as sft_stages
+from arenaforge.tracks.sft.grounded_arguments import grounded_tools, invented_argument
+from arenaforge.tracks.sft.ingest_tools import ingest_paths
 from tests.support.models import run_stage
 
-SAMPLE = resources.files("arenaforge.tasks.data").joinpath("sample_tools")
+SAMPLE = resources.files("arenaforge.data").joinpath("sample_tools")
 
 
 def _shop_tools():

@@ -14,16 +14,16 @@ import pytest
 
 from arenaforge.schemas.config import SftConfig
 from arenaforge.schemas.contracts import check_json_schema
-from arenaforge.tasks.sft.ingest_tools import (
+from arenaforge.tracks.sft.ingest_tools import (
     check_schema_fast,
     detect_format,
     ingest_mcp,
     ingest_paths,
     normalise_schema,
 )
-from arenaforge.tasks.sft.mcp_client import McpServerError, McpSession
+from arenaforge.tracks.sft.mcp_client import McpServerError, McpSession
 
-SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
+SAMPLE = Path(str(resources.files("arenaforge.data").joinpath("sample_tools")))
 VENV_BIN = Path(sys.executable).parent
 FLAKY = [sys.executable, "-m", "tests.support.flaky_mcp_server"]
 

@@ -12,16 +12,16 @@ import pytest
 
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import JudgeScore, Rejection, Task, Trajectory
-from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.tasks.sft.agent import AGENT
-from arenaforge.tasks.sft.ingest_tools import ingest_paths
-from arenaforge.tasks.sft.judge_trajectories import JUDGE_TRAJECTORY
-from arenaforge.tasks.sft.score_queries import SCORE_QUERY
-from arenaforge.tasks.sft.synthesize_queries import WRITE_QUERY
-from arenaforge.tasks.sft.tool_simulator import Simulator, output_problem, sample_value
+from arenaforge.tracks.sft import stages as sft_stages
+from arenaforge.tracks.sft.agent import AGENT
+from arenaforge.tracks.sft.ingest_tools import ingest_paths
+from arenaforge.tracks.sft.judge_trajectories import JUDGE_TRAJECTORY
+from arenaforge.tracks.sft.score_queries import SCORE_QUERY
+from arenaforge.tracks.sft.synthesize_queries import WRITE_QUERY
+from arenaforge.tracks.sft.tool_simulator import Simulator, output_problem, sample_value
 from tests.support.models import offline_model, run_stage
 
-SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
+SAMPLE = Path(str(resources.files("arenaforge.data").joinpath("sample_tools")))
 
 
 def _offline_cfg(**sft) -> Config:
@@ -163,7 +163,7 @@ def test_offline_pipeline_writes_scored_trajectories_and_exports_for_datasets(lo
     assert "tool_call_id" not in first["messages"][1] and "tool_calls" not in first["messages"][1]
     from transformers import AutoTokenizer
 
-    from arenaforge.tasks.train.tiny_model import ensure_tiny_model
+    from arenaforge.tracks.train.tiny_model import ensure_tiny_model
 
     text = AutoTokenizer.from_pretrained(ensure_tiny_model()).apply_chat_template(
         first["messages"], tools=first["tools"], tokenize=False)
@@ -269,7 +269,7 @@ def test_program_values_make_every_task_name_the_values_its_chain_needs(loaded):
     sentence, with no `"` (what constrained decoding can hold); the drafts carry the values the program chose."""
     import re
 
-    from arenaforge.tasks.sft.synthesize_queries import naming_schema, value_text
+    from arenaforge.tracks.sft.synthesize_queries import naming_schema, value_text
 
     cfg = _offline_cfg(query_values="program", augmentations=[])
     chain_ids, _ = run_stage(sft_stages.sample_chains, cfg, loaded, "run-p", seed=3)

@@ -14,12 +14,12 @@ import pytest
 
 from arenaforge.schemas.config import Config, ModelConfig, SftConfig
 from arenaforge.schemas.models import FunctionDoc, Tool
-from arenaforge.tasks.sft import chains, tool_graph
-from arenaforge.tasks.sft import stages as sft_stages
-from arenaforge.tasks.sft.ingest_tools import ingest_paths
+from arenaforge.tracks.sft import chains, tool_graph
+from arenaforge.tracks.sft import stages as sft_stages
+from arenaforge.tracks.sft.ingest_tools import ingest_paths
 from tests.support.models import run_stage
 
-SAMPLE = Path(str(resources.files("arenaforge.tasks.data").joinpath("sample_tools")))
+SAMPLE = Path(str(resources.files("arenaforge.data").joinpath("sample_tools")))
 
 
 @pytest.fixture(scope="module")

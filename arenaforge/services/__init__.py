@@ -1,0 +1,3 @@
+"""What every track uses and none owns: the model layer (`models/`), policy engines (`policy/`),
+the run scope, prompt templates, the tenured heap and embeddings. Imports no track.
+"""
