@@ -11,19 +11,22 @@ from typing import Any
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "arenaforge"
-LAYERS = {"flows", "tasks", "testing", "environments", "schemas", "warehouse"}
+LAYERS = {"flows", "benchmarks", "testing", "tracks", "services", "environments", "schemas", "warehouse"}
 ALLOWED = {
-    "flows": {"flows", "tasks", "schemas", "warehouse", "environments"},
-    "testing": {"testing", "tasks", "environments", "warehouse", "schemas"},
-    "tasks": {"tasks", "environments", "warehouse", "schemas"},
+    "flows": {"flows", "benchmarks", "tracks", "services", "schemas", "warehouse", "environments"},
+    # benchmarks measure anything below flows, with test doubles where something cannot run here
+    "benchmarks": {"benchmarks", "testing", "tracks", "services", "environments", "warehouse", "schemas"},
+    # test doubles (arenaforge/testing/) serve benchmarks and tests; the product never imports them
+    "testing": {"testing", "tracks", "services", "environments", "warehouse", "schemas"},
+    "tracks": {"tracks", "services", "environments", "warehouse", "schemas"},
+    "services": {"services", "environments", "warehouse", "schemas"},
     "environments": {"environments", "schemas"},
     "warehouse": {"warehouse", "schemas"},
     "schemas": {"schemas"},
 }
-# test doubles (arenaforge/testing/) serve benchmarks and tests; the product never imports them
-MAY_IMPORT_TEST_DOUBLES = ("benchmarks/",)
-FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "tasks": {"prefect"}, "warehouse": {"prefect"},
-                         "schemas": {"prefect", "duckdb"}}
+FORBIDDEN_THIRD_PARTY = {"environments": {"duckdb", "prefect"}, "benchmarks": {"prefect"}, "tracks": {"prefect"},
+                         "services": {"prefect"}, "warehouse": {"prefect"}, "schemas": {"prefect", "duckdb"}}
+_MODULE_PATH = re.compile(r"arenaforge(\.\w+)+")
 
 
 def _module_path(node: ast.expr) -> str | None:
@@ -36,10 +39,14 @@ def _module_path(node: ast.expr) -> str | None:
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """Dotted paths a module imports: import statements (`from a.b import c` counts as `a.b.c`) and
-    `importlib.import_module(...)` / `import_module(...)` / `__import__(...)` calls whose argument spells its path."""
+    """Dotted paths a module imports: import statements (`from a.b import c` counts as `a.b.c`),
+    `importlib.import_module(...)` / `import_module(...)` / `__import__(...)` calls whose argument spells its path, and
+    any other string that is a module path (`resources.files("arenaforge...")`, a class path handed to verl)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
+        named = _module_path(node) if isinstance(node, (ast.Constant, ast.JoinedStr)) else None
+        if named and _MODULE_PATH.fullmatch(named.split(":")[0]):
+            found.add(named.split(":")[0])
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -72,8 +79,6 @@ def test_package_imports_only_lower_layers(package):
     bad = []
     for path in _modules(package):
         imported = _imports(path)
-        if str(path.relative_to(PACKAGE)).startswith(MAY_IMPORT_TEST_DOUBLES):
-            imported.discard("testing")
         for name in imported & LAYERS - ALLOWED[package]:
             bad.append(f"{path.relative_to(PACKAGE)} imports {name}")
         for name in imported & FORBIDDEN_THIRD_PARTY.get(package, set()):
@@ -90,22 +95,52 @@ def test_the_rules_see_a_violation(tmp_path):
     # and an import by a module path in a string, which no import statement shows
     hidden = tmp_path / "hidden.py"
     hidden.write_text('import importlib\nimportlib.import_module(f"arenaforge.flows.commands.{name}")\n'
-                      '__import__("arenaforge.tasks.offline")\n')
-    assert _imports(hidden) & LAYERS - ALLOWED["environments"] == {"flows", "tasks"}
+                      '__import__("arenaforge.tracks.envs")\n')
+    assert _imports(hidden) & LAYERS - ALLOWED["environments"] == {"flows", "tracks"}
+    # and a module path in any other string (a package's files, a class path another program loads)
+    named = tmp_path / "named.py"
+    named.write_text('"""Reads `arenaforge.tracks.envs`."""\nfrom importlib import resources\n'
+                     'resources.files("arenaforge.tracks.envs")\nTARGET = "arenaforge.benchmarks.sft:main"\n')
+    assert _imports(named) & LAYERS - ALLOWED["services"] == {"tracks", "benchmarks"}
     # and a stage that reaches for a test double
     double = tmp_path / "double.py"
     double.write_text("from arenaforge.testing.scripted_policy import ScriptedEngine\n")
-    assert _imports(double) & LAYERS - ALLOWED["tasks"] == {"testing"}
+    assert _imports(double) & LAYERS - ALLOWED["tracks"] == {"testing"}
 
 
-# Inside tasks/, the model layer (services/models/) sits under every stage: stages declare their steps and bring
-# their offline rules (services.models.steps), so nothing in it imports a stage, a rule or any other part of tasks/.
+# Inside tracks/: sft and envs import no other track; train may import both (it consumes their data).
+TRACK_MAY_IMPORT = {"sft": {"sft"}, "envs": {"envs"}, "train": {"train", "sft", "envs"}}
+
+
+def _tracks_imported(path: Path) -> set[str]:
+    return {name.split(".")[2] for name in _imported_modules(path) if name.startswith("arenaforge.tracks.")}
+
+
+def test_tracks_import_only_the_tracks_they_consume():
+    assert {p.name for p in (PACKAGE / "tracks").iterdir() if p.is_dir() and p.name != "__pycache__"} == \
+        set(TRACK_MAY_IMPORT), "a new track needs its row in TRACK_MAY_IMPORT"
+    bad = [f"{path.relative_to(PACKAGE)} imports the {other} track" for track, allowed in TRACK_MAY_IMPORT.items()
+           for path in _modules(f"tracks/{track}") for other in sorted(_tracks_imported(path) - allowed)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_track_rule_sees_a_crossing(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import importlib\nfrom importlib import resources\nfrom arenaforge.tracks.envs import export\n"
+                   "from arenaforge.tracks import train\nresources.files('arenaforge.tracks.sft.data')\n"
+                   "importlib.import_module(f'arenaforge.tracks.train.verl.{name}')\n")
+    assert _tracks_imported(bad) - TRACK_MAY_IMPORT["envs"] == {"sft", "train"}
+
+
+# The model layer (services/models/) sits under every stage: stages declare their steps and bring their offline
+# rules (services.models.steps), so nothing in it imports a track (the layer rule) or another service.
 MODEL_LAYER = "services/models"
 
 
 def _upward_from_the_model_layer(path: Path) -> set[str]:
     return {name for name in _imported_modules(path)
-            if name.startswith("arenaforge.tasks.") and not name.startswith("arenaforge.services.models.")}
+            if name.startswith(("arenaforge.services.", "arenaforge.tracks."))
+            and not name.startswith("arenaforge.services.models.")}
 
 
 def test_the_model_layer_imports_no_stage():
@@ -116,10 +151,10 @@ def test_the_model_layer_imports_no_stage():
 
 def test_the_model_layer_rule_sees_an_upward_link(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import importlib\nfrom arenaforge.tasks import offline\nfrom arenaforge.services.models import Step\n"
+    bad.write_text("import importlib\nfrom arenaforge.services import run_scope\nfrom arenaforge.services.models import Step\n"
                    'importlib.import_module("arenaforge.tracks.envs.offline_decompose")\n'
-                   'importlib.import_module(f"{offline.__name__}.{name}")\n')
-    assert _upward_from_the_model_layer(bad) == {"arenaforge.tasks.offline",
+                   'importlib.import_module(f"{run_scope.__name__}.{name}")\n')
+    assert _upward_from_the_model_layer(bad) == {"arenaforge.services.run_scope",
                                                  "arenaforge.tracks.envs.offline_decompose"}
 
 
@@ -147,9 +182,9 @@ def _provider_branches(path: Path) -> list[str]:
 
 def test_no_step_branches_on_the_provider():
     bad = []
-    for path in _modules("tasks") + _modules("environments"):
+    for path in _modules("tracks") + _modules("services") + _modules("environments"):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith("benchmarks/") or any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
+        if any(rel.removeprefix(p) != rel for p in _MAY_NAME_PROVIDERS):
             continue
         bad += [f"{rel} {what}" for what in _provider_branches(path)]
     assert not bad, "\n".join(bad)
@@ -173,10 +208,11 @@ def _event_loop_starts(path: Path) -> list[int]:
 
 
 def test_event_loops_start_only_at_entry_points():
-    # tasks/ and environments/ are async at their core: a loop belongs to the CLI or the flow run that calls them
-    bad = [f"{path.relative_to(PACKAGE)}:{line}" for path in _modules("tasks") + _modules("environments")
-           for line in _event_loop_starts(path)]
-    assert not bad, "asyncio.run under tasks/ or environments/: " + ", ".join(bad)
+    # tracks, services, benchmarks and environments are async at their core: a loop belongs to the CLI or the flow
+    # run that calls them
+    modules = _modules("tracks") + _modules("services") + _modules("benchmarks") + _modules("environments")
+    bad = [f"{path.relative_to(PACKAGE)}:{line}" for path in modules for line in _event_loop_starts(path)]
+    assert not bad, "asyncio.run under tracks/, services/, benchmarks/ or environments/: " + ", ".join(bad)
 
 
 def test_the_event_loop_rule_sees_a_start(tmp_path):
@@ -192,7 +228,7 @@ _MAY_HOLD_SQL = {
     "tracks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
     "tracks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
     "tracks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
-    "tasks/offline/": "the offline provider decides from the knowledge source, like a model reading it",
+    "tracks/envs/offline_decompose.py": "the offline provider decides from the knowledge source, like a model reading it",
     "benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
     "testing/envs_responder.py": "a scripted model reads the knowledge source, as a model would",
 }

@@ -65,7 +65,7 @@ STAGE_STEPS = {
 def _cli(project: Path, url: str, model: str, stage: str, *args: str, env: dict[str, str] | None = None
          ) -> dict[str, Any]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "--db", str(project / "arenaforge.lake"),
+    done = subprocess.run([sys.executable, "-m", "arenaforge", "--db", str(project / "arenaforge.lake"),
                            "--backend", "openai", "--base-url", url, "--model", model, *args],
                           cwd=project, env={**os.environ, **RUN_SETTINGS, **(env or {})}, capture_output=True,
                           text=True, check=False)
