@@ -1,4 +1,4 @@
-"""Prompt templates as files (`arenaforge/tasks/prompts/<name>.txt`), loaded by name and hashed.
+"""Prompt templates as files (each track's `prompts/<name>.txt`), loaded by name and hashed.
 
 Templates use `$name` placeholders (string.Template) so JSON examples in a prompt need no
 escaping. The hash goes into each produced record's provenance.
@@ -73,5 +73,3 @@ def prompt_loader(package: str) -> Callable[[str], Prompt]:
 
     return load_prompt
 
-
-load_prompt = prompt_loader(__name__)

@@ -9,7 +9,9 @@ from importlib import resources
 import pytest
 
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.services.prompts import Prompt, load_prompt
+from arenaforge.services.prompts import Prompt, prompt_loader
+
+TRACK_PROMPTS = ("arenaforge.tracks.sft.prompts", "arenaforge.tracks.envs.prompts")
 
 
 def _names(text: str) -> set[str]:
@@ -17,10 +19,11 @@ def _names(text: str) -> set[str]:
 
 
 def test_every_bundled_prompt_renders_as_string_template_does():
-    names = [p.name[:-4] for p in resources.files("arenaforge.services.prompts").iterdir() if p.name.endswith(".txt")]
+    names = [(package, p.name[:-4]) for package in TRACK_PROMPTS
+             for p in resources.files(package).iterdir() if p.name.endswith(".txt")]
     assert len(names) >= 10
-    for name in names:
-        prompt = load_prompt(name)
+    for package, name in names:
+        prompt = prompt_loader(package)(name)
         values = {key: f"<{key} with $dollar and {{braces}}>" for key in _names(prompt.text)}
         assert prompt.render(**values) == string.Template(prompt.text).substitute(**values), name
 

@@ -1,8 +1,10 @@
-"""Steps are declared beside their stages (services.models.steps.Step); the offline provider finds each rule through them."""
+"""Steps are declared beside their stages (services.models.steps.Step); the offline provider finds each rule through
+them."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 
 import pytest
@@ -10,7 +12,6 @@ import pytest
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.services.models import ChatRequest, Step, complete_json
 from arenaforge.services.models.steps import declared, offline_rule
-from arenaforge.services.prompts import load_prompt
 from arenaforge.tracks.envs import pipeline, stepwise_qa
 from arenaforge.tracks.sft import stages
 from tests.support.models import offline_model
@@ -29,10 +30,11 @@ def test_every_stage_step_has_its_prompt_its_budget_and_an_offline_rule():
     steps = {s.name: s for s in _stage_steps()}
     assert len(steps) == 18 and all(name.startswith(("envs.", "sft.")) for name in steps)
     for step in steps.values():
+        track = step.name.split(".")[0]  # its prompt and its offline rule live in its own track
         assert declared(step.name) is step
-        assert load_prompt(step.prompt).text, step.name
+        assert importlib.import_module(f"arenaforge.tracks.{track}.prompts").load_prompt(step.prompt).text, step.name
         assert 0 < step.max_tokens <= 1200, step.name
-        assert offline_rule(step).__module__.startswith("arenaforge.tasks.offline."), step.name
+        assert offline_rule(step).__module__.startswith(f"arenaforge.tracks.{track}.offline_"), step.name
 
 
 def test_two_steps_with_one_name_are_refused():
