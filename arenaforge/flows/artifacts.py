@@ -3,7 +3,7 @@
 Owns: the per-run summary (a markdown table in the run's Artifacts tab), progress bars,
 plot images (PNG via matplotlib, saved under `out_dir` and embedded as a data URI), and the
 names of the global concurrency limits `arenaforge serve` creates (`model-endpoint`,
-`sandbox`). Flow modules call these helpers; stage code in `tasks/` never does.
+`sandbox`). Flow modules call these helpers; stage code in `tracks/` never does.
 
 Outside a Prefect run (a unit test calling a function directly) every helper is a quiet
 no-op that returns None, so nothing starts an ephemeral API server by accident. Plot files

@@ -1,7 +1,7 @@
 """A model step: one object, declared beside the stage code that asks it.
 
 A `Step` carries what the model layer needs to know about one kind of request: its name (the `llm_calls`
-label), its prompt file (`tasks/prompts/<prompt>.txt`), its answer schema, its answer budget
+label), its prompt file (`tracks/<track>/prompts/<prompt>.txt`), its answer schema, its answer budget
 (`max_tokens`: an endpoint never reserves the `model.max_tokens` cap for an answer a few fields long, and an
 abandoned one holds a slot for less) and the offline provider's rule. The model layer keeps no table of
 step names: constructing a `Step` declares it, and the offline provider finds a request's rule through
@@ -29,7 +29,7 @@ _DECLARED: dict[str, Step] = {}
 @dataclass(frozen=True, eq=False)
 class Step:
     name: str  # the label of its requests in `llm_calls` (never part of a request's cache key)
-    prompt: str  # its prompt file, tasks/prompts/<prompt>.txt
+    prompt: str  # its prompt file, tracks/<track>/prompts/<prompt>.txt
     schema: dict[str, Any] | None = field(repr=False)  # its answer's schema (None: each call gives one)
     max_tokens: int  # its answer budget; `model.max_tokens` caps it
     offline: Callable[[], OfflineRule] = field(repr=False)  # imports the offline provider's rule
