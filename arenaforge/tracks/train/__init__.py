@@ -1,4 +1,5 @@
-"""One-node trainers (GRPO, SFT), batch filling, checkpoints, and the locally built tiny model.
+"""The train track: rollouts (`rollout/`), one-node trainers (GRPO, SFT), batch filling, checkpoints, the locally
+built tiny model, and the hand-off to verl (`verl/`). It consumes the sft and envs tracks' data.
 
     grpo.py          advantages, clip-higher token-level loss, GrpoTrainer.step
     batching.py      adaptive batch filling, env-failure repair, Resample-on-Correct
