@@ -151,7 +151,8 @@ def test_the_model_layer_imports_no_stage():
 
 def test_the_model_layer_rule_sees_an_upward_link(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("import importlib\nfrom arenaforge.services import run_scope\nfrom arenaforge.services.models import Step\n"
+    bad.write_text("import importlib\nfrom arenaforge.services import run_scope\n"
+                   "from arenaforge.services.models import Step\n"
                    'importlib.import_module("arenaforge.tracks.envs.offline_decompose")\n'
                    'importlib.import_module(f"{run_scope.__name__}.{name}")\n')
     assert _upward_from_the_model_layer(bad) == {"arenaforge.services.run_scope",
@@ -228,7 +229,7 @@ _MAY_HOLD_SQL = {
     "tracks/envs/knowledge/": "queries over a knowledge source (the user's tables, not the warehouse)",
     "tracks/envs/evidence/": "each evidence kind checks itself against the knowledge source with parameterised queries",
     "tracks/envs/tool_data.py": "a tool's data, read from the knowledge source it answers over",
-    "tracks/envs/offline_decompose.py": "the offline provider decides from the knowledge source, like a model reading it",
+    "tracks/envs/offline_decompose.py": "the offline provider decides from the source's tables, as a model reads them",
     "benchmarks/": "benchmarks read the warehouse and sources raw to measure them",
     "testing/envs_responder.py": "a scripted model reads the knowledge source, as a model would",
 }

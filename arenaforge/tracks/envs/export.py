@@ -92,6 +92,14 @@ AGENT_USER = "agent"  # Harbor runs the agent as this user (`harbor lint`: root-
 TASK_SCHEMA = "1.4"  # Harbor's task.toml schema_version
 
 
+def _task_json(env: Environment) -> str:
+    """task.json of an OpenEnv server or a verifiers task: the question (every user turn), gold answers, tools."""
+    return json.dumps({
+        "name": env.name, "id": env.id, "question": "\n\n".join(grader_for(env).user_turns(env)),
+        "gold_answers": env.gold_answers,
+        "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]})
+
+
 def _instruction(env: Environment) -> str:
     # a multi-turn suite's requests, in order; tools revealed later are announced in them
     turns = grader_for(env).user_turns(env)
@@ -265,10 +273,7 @@ def write_openenv(envs: Sequence[Environment], root: str | Path) -> list[Path]:
         (d / "reward.py").write_text(grade_source())
         (d / "env.json").write_text(json.dumps(_tools_template(env)))
         (d / "state.json").write_text(json.dumps(env.initial_state))
-        (d / "task.json").write_text(json.dumps({
-            "name": env.name, "id": env.id, "question": "\n\n".join(grader_for(env).user_turns(env)),
-            "gold_answers": env.gold_answers,
-            "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
+        (d / "task.json").write_text(_task_json(env))
         _write_runtime(d / RUNTIME_PACKAGE)
         out.append(d)
     return out
@@ -313,10 +318,7 @@ def write_verifiers(envs: Sequence[Environment], root: str | Path) -> Path:
         d.mkdir(exist_ok=True)
         (d / "env.json").write_text(json.dumps(_tools_template(env)))
         (d / "state.json").write_text(json.dumps(env.initial_state))
-        (d / "task.json").write_text(json.dumps({
-            "name": env.name, "id": env.id, "question": "\n\n".join(grader_for(env).user_turns(env)),
-            "gold_answers": env.gold_answers,
-            "tools": [{"type": "function", "function": t.model_dump(mode="json")} for t in env.tools]}))
+        (d / "task.json").write_text(_task_json(env))
     (pkg / "envs" / "index.json").write_text(json.dumps([env.name for env in envs]))
     return root
 

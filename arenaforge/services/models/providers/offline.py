@@ -1,10 +1,10 @@
 """The `offline` provider: deterministic generators answer each step's request from its typed inputs.
 
-No endpoint, no weights. Every model-driven step (`services.models.steps.Step`, declared beside its stage) names
-its generator, a rule beside its stage (`tracks/<track>/offline_<stage>.py`), and the provider finds it through the step; it reads the
-request's typed `inputs` (the values the prompt was rendered from) and returns what a model would: the JSON
-answer of a structured step, or the assistant message of an agent turn. Generators build real artifacts from the
-tool schemas and the knowledge source, never canned text, and their answers pass through the same
+No endpoint, no weights. Every model-driven step (`services.models.steps.Step`, declared beside its stage) names its
+generator, a rule beside its stage (`tracks/<track>/offline_<stage>.py`), and the provider finds it through the
+step; it reads the request's typed `inputs` (the values the prompt was rendered from) and returns what a model
+would: the JSON answer of a structured step, or the assistant message of an agent turn. Generators build real
+artifacts from the tool schemas and the knowledge source, never canned text, and their answers pass through the same
 parsing, schema validation and grounding as any model's.
 
 Generators run synchronously inside `complete` (no await before they answer), so requests issued in a

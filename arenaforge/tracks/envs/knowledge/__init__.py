@@ -34,7 +34,8 @@ from arenaforge.services.run_scope import RunScope
 from arenaforge.tracks.envs.knowledge.tau2_retail import load_tau2_retail
 
 __all__ = ["Column", "KnowledgeSource", "Link", "TableProfile", "default_shared_data", "from_files", "from_records",
-           "kinds", "load_sample", "load_source", "load_tables", "load_tau2_retail", "run_sources", "load_text_corpus", "profile"]
+           "kinds", "load_sample", "load_source", "load_tables", "load_tau2_retail", "load_text_corpus", "profile",
+           "run_sources"]
 
 
 @functools.cache
