@@ -30,10 +30,10 @@ def test_the_wheel_holds_exactly_one_top_level_package(wheel: Path) -> None:
     # data, prompts and contracts travel inside the package
     for needed in ("arenaforge/tracks/envs/prompts/envs_decompose.txt", "arenaforge/data/sample_source/customers.csv",
                    "arenaforge/schemas/json/environment.schema.json", "arenaforge/warehouse/migrations/0001_init.sql",
-                   "arenaforge/tracks/envs/harbor/tools_server.py.tmpl", "arenaforge/warehouse/migrations/0009_views.sql",
+                   "arenaforge/warehouse/migrations/0009_views.sql", "arenaforge/tracks/envs/harbor/tools_server.py.tmpl",
                    "arenaforge/tracks/envs/harbor/forge_agents.py", "arenaforge/tracks/envs/openenv/server.py.tmpl",
-                   "arenaforge/tracks/envs/verifiers/toolset.py.tmpl", "arenaforge/tracks/envs/verifiers/taskset.py.tmpl",
-                   "arenaforge/tracks/envs/verifiers/init.py.tmpl"):
+                   "arenaforge/tracks/envs/verifiers/toolset.py.tmpl",
+                   "arenaforge/tracks/envs/verifiers/taskset.py.tmpl", "arenaforge/tracks/envs/verifiers/init.py.tmpl"):
         assert needed in names, needed
 
 

@@ -126,7 +126,8 @@ def test_job_spec_has_grpo_without_kl_or_entropy_and_filters_groups(tmp_path):
     assert o["actor_rollout_ref.actor.entropy_coeff"] == "0.0" and o["actor_rollout_ref.actor.clip_ratio_high"] == "0.28"
     assert o["actor_rollout_ref.rollout.n"] == "4" and o["actor_rollout_ref.actor.loss_agg_mode"] == "token-mean"
     assert (tmp_path / "verl" / "train.parquet").exists() and (tmp_path / "verl" / "job.json").exists()
-    assert "arenaforge.tracks.train.verl.verl_adapter.ArenaAgentLoop" in (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    agent_loops = (tmp_path / "verl" / "agent_loops.yaml").read_text()
+    assert "arenaforge.tracks.train.verl.verl_adapter.ArenaAgentLoop" in agent_loops
     assert o["actor_rollout_ref.rollout.multi_turn.tool_config_path"] == str(tmp_path / "verl" / "tool_config.yaml")
     assert job.entrypoint.startswith("python -m verl.trainer.main_ppo ")
 

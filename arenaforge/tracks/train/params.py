@@ -142,7 +142,8 @@ class GrpoParams(PolicyParams, WeightUpdates):
     warmstart_trajectories: int = Field(default=200, ge=0, description="At most this many kept SFT-track trajectories "
                                         "join the warm-start data (best judge score first).")
     warmstart_copy_variants: int = Field(default=0, ge=0, description="Copy-forced variants per gold-call replay in the "
-                                         "warm-start data: fresh values, shuffled tools (tracks/train/copy_forcing.py).")
+                                         "warm-start data: fresh values, shuffled tools "
+                                         "(tracks/train/copy_forcing.py).")
     evaluate: bool = Field(default=True, description="Evaluate on the test split: the starting policy, after the warm "
                            "start and after GRPO (greedy, training episode limits); prints the table.")
     eval_limit: int | None = Field(default=None, ge=1, description="Evaluate on at most this many test environments.")
