@@ -15,8 +15,8 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from tests.support.requirements import require_shared_data  # noqa: E402
 from arenaforge.warehouse import Warehouse  # noqa: E402
+from tests.support.requirements import require_shared_data  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:

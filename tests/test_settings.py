@@ -20,9 +20,17 @@ from arenaforge.schemas.config import Config
 from arenaforge.tracks.envs.distractors import DistractorMix
 from arenaforge.tracks.envs.pipeline import EnvsSpec
 from arenaforge.tracks.train.grpo import GrpoConfig
+from arenaforge.tracks.train.params import (
+    RECIPE,
+    EpisodeParams,
+    EvalParams,
+    GrpoParams,
+    RolloutParams,
+    SftParams,
+    WarmstartParams,
+    recipe,
+)
 from arenaforge.tracks.train.rollout.episodes import RolloutConfig
-from arenaforge.tracks.train.params import (RECIPE, EpisodeParams, EvalParams, GrpoParams, RolloutParams, SftParams,
-                                           WarmstartParams, recipe)
 from arenaforge.tracks.train.run_grpo import GrpoRunConfig
 from arenaforge.tracks.train.sft import SftConfig
 from arenaforge.tracks.train.verl.job import VerlJobSpec

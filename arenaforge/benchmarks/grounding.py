@@ -41,7 +41,7 @@ def _call_diagnostics(rollouts: Sequence[Rollout], envs: dict[str, Environment])
 
 async def _arm(cfg: Any, wh: Warehouse, model_path: str, envs: list[Environment], ground: bool) -> dict[str, Any]:
     from arenaforge.tracks.train.evaluation import evaluate_as_run
-    from arenaforge.tracks.train.params import PolicyParams, TRAIN_EPISODE
+    from arenaforge.tracks.train.params import TRAIN_EPISODE, PolicyParams
 
     episode = TRAIN_EPISODE.model_copy(update={"temperature": 0.0, "ground_arguments": ground})
     started = time.perf_counter()

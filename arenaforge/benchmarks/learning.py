@@ -108,7 +108,7 @@ async def evaluate_suite(cfg: Any, wh: Warehouse, paths: dict[str, str], suite: 
     numbers."""
     from arenaforge.tracks.train.env_selection import matching_envs
     from arenaforge.tracks.train.evaluation import evaluate_as_run, widened_output
-    from arenaforge.tracks.train.params import EnvSelection, PolicyParams, TRAIN_EPISODE
+    from arenaforge.tracks.train.params import TRAIN_EPISODE, EnvSelection, PolicyParams
 
     envs = matching_envs(Warehouse(suite_db), EnvSelection(suite=suite, split="all", limit=limit))
     if not envs:

@@ -48,6 +48,18 @@ def run_flow(call: Any) -> Any:
     return asyncio.run(call) if inspect.iscoroutine(call) else call
 
 
+def run_context(ctx: typer.Context, fields: dict[str, Any]) -> dict[str, Any]:
+    """What a training or evaluation command's params take from the global options: --config and --db."""
+    st = state(ctx)
+    return {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
+
+
+def synthesis_context(ctx: typer.Context, fields: dict[str, Any]) -> dict[str, Any]:
+    """What a synthesis command's params take from the global options: --config and every override (--db, ...)."""
+    st = state(ctx)
+    return {"config_path": st.config_path, "overrides": st.overrides}
+
+
 @contextlib.contextmanager
 def flag_errors(command: str, flags: dict[str, str] | None = None,
                 given: dict[str, Any] | None = None) -> Iterator[None]:

@@ -18,26 +18,17 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
-from pydantic import Field
 
 from arenaforge.flows.artifacts import MODEL_ENDPOINT, SANDBOX, progress, run_summary
+from arenaforge.flows.envs_params import EnvsParams
 from arenaforge.flows.outcome import finish
 from arenaforge.flows.ray_runner import on_ray, runs_on_ray, worker_config, worker_scope
 from arenaforge.schemas.config import load_config
-from arenaforge.tracks.envs.pipeline import (EnvsSpec, build_environments, build_tools, chunks, finish_batch,
-                                            synthesize_qas)
 from arenaforge.services.run_scope import RunScope, open_run_scope
+from arenaforge.tracks.envs.pipeline import build_environments, build_tools, chunks, finish_batch, synthesize_qas
 from arenaforge.tracks.envs.stream import stream_envs
 from arenaforge.tracks.envs.synthesize_env import SynthResult
 from arenaforge.warehouse import Warehouse, recorded_run
-
-
-class EnvsParams(EnvsSpec):
-    """`envs` flow parameters: what to synthesize, plus where the config comes from."""
-
-    config_path: str | None = Field(default=None, description="arenaforge.toml to load (default: ./arenaforge.toml).")
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted config overrides, e.g. model.backend.")
-
 
 # The run scope holds live objects (an HTTP session, a sandbox pool): never part of a cache key.
 synthesize_qas_task = task(synthesize_qas, name="synthesize-qas", retries=0, tags=[MODEL_ENDPOINT], cache_policy=NONE)

@@ -77,8 +77,13 @@ def _of_run(records: list[Any], run_id: str) -> list[Any]:
 async def import_python(params: PythonImportParams = PythonImportParams()) -> dict[str, Any]:
     """Your own Python module or class as a warehouse environment (lineage: the files and their SHA-256)."""
     from arenaforge.environments.runtime import create_pool
-    from arenaforge.tracks.envs.import_python import (import_environment, python_environment, read_calls, read_source,
-                                                     read_tool_docs)
+    from arenaforge.tracks.envs.import_python import (
+        import_environment,
+        python_environment,
+        read_calls,
+        read_source,
+        read_tool_docs,
+    )
 
     if not params.sources:
         raise InputError("envs-import-python: sources: give the tool code (PATH or PATH:Class)")

@@ -120,10 +120,20 @@ class ParamsOptions:
         """Field name -> flag, where the two differ (for `flag_errors`)."""
         return {o.path[-1]: "--" + o.name.replace("_", "-") for o in self.options if o.name != o.path[-1]}
 
-    def command(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn(ctx, ..., fields)` as a typer command: its own parameters, plus one option per field; `fields` is
-        what those options gave, nested as the model's fields are."""
-        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "fields"]
+    def command(self, name: str, context: Callable[..., Mapping[str, Any]],
+                into: type[BaseModel] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """`fn(ctx, ..., params)` as the typer command `name`: its own parameters, plus one option per field. The
+        params model (or `into`) is built here, from what the options gave plus `context(ctx, ..., fields=...)`
+        (what comes from elsewhere: the global --config and --db, another option; it may also adjust `fields`,
+        nested as the model's fields are), so a setting goes from its flag to the command in one step."""
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            return self._command(fn, name, context, into)
+
+        return decorate
+
+    def _command(self, fn: Callable[..., Any], command_name: str, context: Callable[..., Mapping[str, Any]],
+                 into: type[BaseModel] | None) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "params"]
         hints = typing.get_type_hints(fn)
         own = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
         own_names = {p.name for p in own}
@@ -138,7 +148,9 @@ class ParamsOptions:
                     for key in at:
                         node = node.setdefault(key, {})
                     node[leaf] = list(value) if isinstance(value, tuple) else value
-            return fn(**{k: v for k, v in kwargs.items() if k in own_names}, fields=fields)
+            given = {k: v for k, v in kwargs.items() if k in own_names}
+            rest = context(**given, fields=fields)
+            return fn(**given, params=self.build(command_name, fields, into, **rest))
 
         derived = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.annotation,
                                      default=typer.Option(o.default, *o.decls, help=o.help))

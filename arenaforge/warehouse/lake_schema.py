@@ -17,7 +17,6 @@ import duckdb
 
 from arenaforge.schemas.errors import WarehouseError
 
-
 _COLUMN_COMMENT = re.compile(r'\s*COMMENT\s+ON\s+COLUMN\s+("[^"]+"|\w+)\.', re.IGNORECASE)
 
 # Created before any migration (migrations may refer to it, e.g. to comment on it).

@@ -138,7 +138,6 @@ def _fill_train_sft(page: Any, data: Path, experiment: str, epochs: str) -> None
 
 def test_ui_lists_deployments_and_starts_a_custom_training_run(served: Any, browser: Any, sft_data: Path, tmp_path: Path) -> None:
     from playwright.sync_api import expect
-
     from prefect.client.orchestration import get_client
 
     from arenaforge.schemas.kinds_training import TrainStep

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.served import served_flows
 from arenaforge.warehouse import Warehouse
+from tests.support.served import served_flows
 
 WRITER = textwrap.dedent(
     """

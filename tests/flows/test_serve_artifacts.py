@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from arenaforge.flows import artifacts
-from arenaforge.flows.artifacts import SANDBOX, artifact_key, limit, markdown_table, plot_artifact, progress, run_summary, step_curves
+from arenaforge.flows.artifacts import (
+    SANDBOX,
+    artifact_key,
+    limit,
+    markdown_table,
+    plot_artifact,
+    progress,
+    run_summary,
+    step_curves,
+)
 
 
 def test_keys_and_tables() -> None:

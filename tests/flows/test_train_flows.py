@@ -17,7 +17,6 @@ from arenaforge.schemas.models import Environment, Rollout, Run
 from tests.support.rl import solving_policy, tiny_env, tiny_model_path
 from tests.support.scripted_vllm import ScriptedVllm, text_responder
 
-
 pytestmark = pytest.mark.prefect_server  # the CLI runs the Prefect flows: use the session server
 
 

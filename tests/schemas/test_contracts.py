@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arenaforge.schemas import ContractError, FunctionDoc, Rejection, Tool
-from arenaforge.schemas.contracts import DIALECT, build_schema, check_json_schema, load_schema, schema_id, schema_path, validate
+from arenaforge.schemas.contracts import (
+    DIALECT,
+    build_schema,
+    check_json_schema,
+    load_schema,
+    schema_id,
+    schema_path,
+    validate,
+)
 from arenaforge.schemas.ids import canonical_json, content_id
 from arenaforge.schemas.registry import kinds
 

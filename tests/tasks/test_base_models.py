@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from arenaforge.schemas.models import ToolObservation
 from arenaforge.tracks.train.base_models import ARENA_SMALL, DEFAULT_POLICY, policy_path
 from arenaforge.tracks.train.sft import encode

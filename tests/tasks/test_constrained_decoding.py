@@ -11,8 +11,15 @@ import re
 import pytest
 
 from arenaforge.services.policy import SamplingParams, build_engine
-from arenaforge.services.policy.constrained import (FREE, Ground, ToolCallConstraint, ToolSpec, after_open, ground_of,
-                                                    step)
+from arenaforge.services.policy.constrained import (
+    FREE,
+    Ground,
+    ToolCallConstraint,
+    ToolSpec,
+    after_open,
+    ground_of,
+    step,
+)
 from tests.support.rl import tiny_model_path
 
 TOOLS = (ToolSpec("get_weather", ("city", "unit"), ("city",)), ToolSpec("lookup_user", ("user_id", "fields"), ()))

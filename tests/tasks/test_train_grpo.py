@@ -13,8 +13,15 @@ from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import RewardBreakdown, Rollout
 from arenaforge.tracks.train.batching import AdaptiveBatcher, penalty, repair_group, resample_on_correct
 from arenaforge.tracks.train.checkpoints import CheckpointManager
-from arenaforge.tracks.train.grpo import (GrpoConfig, GrpoTrainer, first_loss_position, group_advantages, pack,
-                                        policy_loss, token_logprobs)
+from arenaforge.tracks.train.grpo import (
+    GrpoConfig,
+    GrpoTrainer,
+    first_loss_position,
+    group_advantages,
+    pack,
+    policy_loss,
+    token_logprobs,
+)
 from arenaforge.tracks.train.params import GrpoParams
 from tests.support.rl import tiny_model_path
 

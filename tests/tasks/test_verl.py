@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import pyarrow.parquet as pq
 import pytest
 
-from arenaforge.tracks.train.params import EpisodeParams
-from arenaforge.tracks.train.params import GrpoParams
+from arenaforge.tracks.train.params import EpisodeParams, GrpoParams
 from arenaforge.tracks.train.verl.agent_loop import ArenaAgentCore, environment_from_kwargs
 from arenaforge.tracks.train.verl.dataset import AGENT_NAME, dataset_rows, verl_tool_names, write_dataset_dir
 from arenaforge.tracks.train.verl.job import VerlJobSpec, write_job

@@ -109,7 +109,7 @@ TRAIN_MIN_QAS = 2000  # the recipe's data size (`bench learning`)
 def _training_steps(st: Any, out_dir: Path) -> list[tuple[str, Any]]:
     """The default policy's recipe (`arenaforge bench learning` measures it): warm start, GRPO, eval on the test split."""
     from arenaforge.flows.train_flows import train_grpo
-    from arenaforge.tracks.train.params import GrpoParams, RECIPE
+    from arenaforge.tracks.train.params import RECIPE, GrpoParams
 
     base = {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
     params = GrpoParams(out_dir=str(out_dir / "train"), experiment="demo", **RECIPE, **base)

@@ -8,8 +8,9 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import run_flow, state, synthesis_context
 from arenaforge.flows.display import console, print_rows
+from arenaforge.flows.envs_params import EnvsParams
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
 from arenaforge.tracks.envs.distractors import BANDS
@@ -39,24 +40,26 @@ def distractor_fields(text: str) -> dict[str, int]:
     return {f"distractors_{band}": n for band, n in counts.items()}
 
 
-@app.command("synth")
-@SYNTH_OPTIONS.command
-def synth(
-    ctx: typer.Context,
-    fields: dict[str, Any],
-    distractors: str = typer.Option(",".join(str(_MIX[band]) for band in BANDS),
-                                    help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
-) -> None:
-    """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
-    from arenaforge.flows.envs_flows import EnvsParams, envs
-
-    st = state(ctx)
+def _synth_context(ctx: typer.Context, distractors: str, fields: dict[str, Any]) -> dict[str, Any]:
     try:
         mix = distractor_fields(distractors)
     except ValueError:
         raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
-    params = SYNTH_OPTIONS.build("envs synth", fields, into=EnvsParams, **mix, config_path=st.config_path,
-                                 overrides=st.overrides)
+    return {**mix, **synthesis_context(ctx, fields)}
+
+
+@app.command("synth")
+@SYNTH_OPTIONS.command("envs synth", _synth_context, into=EnvsParams)
+def synth(
+    ctx: typer.Context,
+    params: EnvsParams,
+    distractors: str = typer.Option(",".join(str(_MIX[band]) for band in BANDS),
+                                    help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
+) -> None:
+    """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
+    from arenaforge.flows.envs_flows import envs
+
+    st = state(ctx)
     from arenaforge.flows.outcome import run_and_report
 
     run_and_report("envs", st.warehouse(), lambda: run_flow(envs(params)))

@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from arenaforge.flows.commands.train import CONTEXT_FIELDS, ENV_FLAGS
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import run_context, run_flow
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.tracks.train.params import EvalParams
 
@@ -38,21 +38,24 @@ OPTIONS = ParamsOptions(EvalParams, flags=ENV_FLAGS, exclude=[*CONTEXT_FIELDS, "
 
 
 @app.command("run")
-@OPTIONS.command
+def _eval_context(ctx: typer.Context, split: str | None, fields: dict[str, Any]) -> dict[str, Any]:
+    if split or fields["envs"]["suite"]:
+        fields["envs"]["split"] = split or "all"
+    return run_context(ctx, fields)
+
+
+@app.command("run")
+@OPTIONS.command("eval run", _eval_context)
 def run_cmd(
     ctx: typer.Context,
-    fields: dict[str, Any],
+    params: EvalParams,
     split: str = typer.Option(None, help="test (default; all with --suite), train or all."),
 ) -> None:
     """Mean F1, recall, precision, calls per task and failure reasons (and an imported suite's native metric);
     stored as an eval_runs row."""
     from arenaforge.flows.train_flows import evaluate
 
-    st = state(ctx)
-    suite = fields["envs"]["suite"]
-    if split or suite:
-        fields["envs"]["split"] = split or "all"
-    params = OPTIONS.build("eval run", fields, config_path=st.config_path, db=st.overrides.get("warehouse.path"))
+    suite = params.envs.suite
     result = run_flow(evaluate(params))
     typer.echo(json.dumps(result, indent=2, default=str))
     from arenaforge.flows.commands.train import print_eval_table

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import run_flow, state, synthesis_context
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.flows.sft_params import CONFIG_REF, GraphParams
 
@@ -19,14 +18,13 @@ BUILD_OPTIONS = ParamsOptions(GraphParams, exclude=CONFIG_REF, flags={"servers":
 
 
 @app.command("build")
-@BUILD_OPTIONS.command
-def build(ctx: typer.Context, fields: dict[str, Any]) -> None:
+@BUILD_OPTIONS.command("graph build", synthesis_context)
+def build(ctx: typer.Context, params: GraphParams) -> None:
     """Run the `graph` flow: data-flow edges (plus model-proposed chains on the openai backend) into graph_edges."""
     from arenaforge.flows.outcome import run_and_report
     from arenaforge.flows.sft_flows import graph
 
     st = state(ctx)
-    params = BUILD_OPTIONS.build("graph build", fields, config_path=st.config_path, overrides=st.overrides)
     run_and_report("graph", st.warehouse(), lambda: run_flow(graph(params)))
 
 

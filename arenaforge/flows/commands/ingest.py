@@ -26,10 +26,9 @@ def ingest(
         return
     if not paths and not mcp:
         raise InputError("give at least one PATH or --mcp COMMAND (see arenaforge ingest --help)")
+    from arenaforge.flows.outcome import run_and_report
     from arenaforge.flows.sft_flows import IngestParams
     from arenaforge.flows.sft_flows import ingest as ingest_flow
-
-    from arenaforge.flows.outcome import run_and_report
 
     st = state(ctx)
     run_and_report("ingest", st.warehouse(), lambda: run_flow(ingest_flow(IngestParams(

@@ -32,8 +32,8 @@ def build_image_cmd(
     """Build the sandbox image offline (debootstrap + docker import; the rootfs is cached) and print its reference."""
     import logging
 
-    from arenaforge.environments.runtime.image import build_image
     from arenaforge.environments.runtime.docker_backend import docker_client, docker_engine_answers
+    from arenaforge.environments.runtime.image import build_image
     from arenaforge.schemas.errors import SandboxError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

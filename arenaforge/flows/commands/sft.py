@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import run_flow, state, synthesis_context
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.flows.sft_params import CONFIG_REF, SftParams
 
@@ -19,14 +18,13 @@ SYNTH_OPTIONS = ParamsOptions(SftParams, exclude=CONFIG_REF, flags={
 
 
 @app.command("synth")
-@SYNTH_OPTIONS.command
-def synth(ctx: typer.Context, fields: dict[str, Any]) -> None:
+@SYNTH_OPTIONS.command("sft synth", synthesis_context)
+def synth(ctx: typer.Context, params: SftParams) -> None:
     """Run the `sft` flow: chains -> tasks (scored) -> trajectories -> seven-dimension judge scores."""
     from arenaforge.flows.outcome import run_and_report
     from arenaforge.flows.sft_flows import sft
 
     st = state(ctx)
-    params = SYNTH_OPTIONS.build("sft synth", fields, config_path=st.config_path, overrides=st.overrides)
     run_and_report("sft", st.warehouse(), lambda: run_flow(sft(params)))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from arenaforge.flows.context import run_flow, state
+from arenaforge.flows.context import run_context, run_flow
 from arenaforge.flows.options import ParamsOptions
 from arenaforge.schemas.errors import InputError
 from arenaforge.tracks.train.params import GrpoParams, SftParams, WarmstartParams
@@ -24,11 +24,6 @@ CONTEXT_FIELDS = ("config_path", "db")
 
 def _echo(result: dict[str, Any]) -> None:
     typer.echo(json.dumps(result, indent=2, default=str))
-
-
-def _common(ctx: typer.Context) -> dict[str, Any]:
-    st = state(ctx)
-    return {"config_path": st.config_path, "db": st.overrides.get("warehouse.path")}
 
 
 @app.command("build-tiny-model")
@@ -60,12 +55,11 @@ GRPO_OPTIONS = ParamsOptions(GrpoParams, flags={**ENV_FLAGS, "verl.ray_address":
 
 
 @app.command("grpo")
-@GRPO_OPTIONS.command
-def grpo_cmd(ctx: typer.Context, fields: dict[str, Any]) -> None:
+@GRPO_OPTIONS.command("train grpo", run_context)
+def grpo_cmd(ctx: typer.Context, params: GrpoParams) -> None:
     """GRPO (no KL, no entropy, clip-higher, adaptive batch filling) on the train split, evaluated on the test split."""
     from arenaforge.flows.train_flows import train_grpo
 
-    params = GRPO_OPTIONS.build("train grpo", fields, **_common(ctx))
     result = run_flow(train_grpo(params))
     _echo(result)
     print_eval_table(result.get("eval") or {})
@@ -75,12 +69,11 @@ WARMSTART_OPTIONS = ParamsOptions(WarmstartParams, flags=ENV_FLAGS, exclude=CONT
 
 
 @app.command("warmstart")
-@WARMSTART_OPTIONS.command
-def warmstart_cmd(ctx: typer.Context, fields: dict[str, Any]) -> None:
+@WARMSTART_OPTIONS.command("train warmstart", run_context)
+def warmstart_cmd(ctx: typer.Context, params: WarmstartParams) -> None:
     """Warm-start SFT data: gold calls replayed in the sandbox, as OpenAI messages+tools JSONL."""
     from arenaforge.flows.train_flows import warmstart
 
-    params = WARMSTART_OPTIONS.build("train warmstart", fields, **_common(ctx))
     _echo(run_flow(warmstart(params)))
 
 
@@ -88,12 +81,16 @@ SFT_OPTIONS = ParamsOptions(SftParams, exclude=CONTEXT_FIELDS, required=["data"]
 
 
 @app.command("sft")
-@SFT_OPTIONS.command
-def sft_cmd(ctx: typer.Context, fields: dict[str, Any]) -> None:
+def _sft_context(ctx: typer.Context, fields: dict[str, Any]) -> dict[str, Any]:
+    if not Path(fields["data"]).is_file():  # before a Prefect server starts for nothing
+        raise InputError(f"train sft: --data {fields['data']}: no such file")
+    return run_context(ctx, fields)
+
+
+@app.command("sft")
+@SFT_OPTIONS.command("train sft", _sft_context)
+def sft_cmd(ctx: typer.Context, params: SftParams) -> None:
     """Supervised fine-tuning with loss on assistant tokens only."""
     from arenaforge.flows.train_flows import train_sft
 
-    if not Path(fields["data"]).is_file():  # before a Prefect server starts for nothing
-        raise InputError(f"train sft: --data {fields['data']}: no such file")
-    params = SFT_OPTIONS.build("train sft", fields, **_common(ctx))
     _echo(run_flow(train_sft(params)))

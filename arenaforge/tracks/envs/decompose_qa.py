@@ -24,7 +24,6 @@ from typing import Any
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import ProviderError
 from arenaforge.schemas.models import Evidence, QAInstance, Rejection, SubQA
-
 from arenaforge.services.models import ChatModel, NoAnswer, Step, complete_json, graded_by
 from arenaforge.tracks.envs.evidence import KINDS
 from arenaforge.tracks.envs.grounding import Ungrounded, check_qa

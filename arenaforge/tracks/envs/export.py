@@ -42,8 +42,8 @@ from __future__ import annotations
 import inspect
 import json
 import textwrap
-from importlib import resources
 from collections.abc import Callable, Collection, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 

@@ -273,7 +273,7 @@ async def import_suite(pool: Any, data: BfclData, categories: list[str], limit: 
     requirement with no wheel here; code that does not load; a sandbox failure, kept as an environment failure)."""
     import asyncio
 
-    from arenaforge.environments.runtime import EnvLoadError, EnvironmentFailure, RequirementUnavailable
+    from arenaforge.environments.runtime import EnvironmentFailure, EnvLoadError, RequirementUnavailable
     from arenaforge.schemas.models import Rejection
     from arenaforge.schemas.reasons import RejectReason
 

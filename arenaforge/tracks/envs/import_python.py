@@ -23,7 +23,15 @@ from arenaforge.environments.runtime.worker.execution import LOADERS
 from arenaforge.environments.state import state_hash
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.errors import InputError
-from arenaforge.schemas.models import Environment, FunctionDoc, GoldCall, NativeCheck, Rejection, ToolModule, Verification
+from arenaforge.schemas.models import (
+    Environment,
+    FunctionDoc,
+    GoldCall,
+    NativeCheck,
+    Rejection,
+    ToolModule,
+    Verification,
+)
 from arenaforge.schemas.reasons import RejectReason
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",

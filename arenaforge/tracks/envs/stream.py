@@ -35,14 +35,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from arenaforge.schemas.models import QAInstance, Rejection
+from arenaforge.services.models.limiter import request_priority
+from arenaforge.services.run_scope import RunScope
 from arenaforge.tracks.envs.build_tools import ToolBuilder
 from arenaforge.tracks.envs.decompose_qa import DecomposeInputs
 from arenaforge.tracks.envs.distractors import Embedder
 from arenaforge.tracks.envs.knowledge import KnowledgeSource, run_sources
-from arenaforge.tracks.envs.pipeline import (Clock, EnvsSpec, build_environments, chunks, finish_environments,
-                                            qa_synthesizer, stamp, synthesize_qas)
-from arenaforge.services.models.limiter import request_priority
-from arenaforge.services.run_scope import RunScope
+from arenaforge.tracks.envs.pipeline import (
+    Clock,
+    EnvsSpec,
+    build_environments,
+    chunks,
+    finish_environments,
+    qa_synthesizer,
+    stamp,
+    synthesize_qas,
+)
 from arenaforge.tracks.envs.stream_writer import RecordWriter
 from arenaforge.tracks.envs.synthesize_env import synthesize_one
 from arenaforge.tracks.envs.tool_impl import EnvDraft

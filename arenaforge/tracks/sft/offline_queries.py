@@ -19,8 +19,14 @@ from arenaforge.schemas.models import Server, Tool
 from arenaforge.services.models import ChatRequest
 from arenaforge.services.models.providers.offline import OfflineModel
 from arenaforge.services.models.text_schemas import SENTENCE_WORD, SentenceBounds
-from arenaforge.tracks.sft.synthesize_queries import (AugmentInputs, QueryDraft, WriteInputs, clause, mention,
-                                                      user_values)
+from arenaforge.tracks.sft.synthesize_queries import (
+    AugmentInputs,
+    QueryDraft,
+    WriteInputs,
+    clause,
+    mention,
+    user_values,
+)
 from arenaforge.tracks.sft.tool_graph import humanize, param_fields
 from arenaforge.tracks.sft.tool_simulator import sample_value
 

@@ -19,8 +19,14 @@ from arenaforge.schemas.models import Rejection, Server, Task, Tool, ToolChain, 
 from arenaforge.services.models import ChatModel, open_chat_model
 from arenaforge.services.run_scope import RunScope
 from arenaforge.tracks.sft import agent as sft_agent
-from arenaforge.tracks.sft import (chains, ingest_tools, judge_trajectories, score_queries, synthesize_queries,
-                                   tool_graph)
+from arenaforge.tracks.sft import (
+    chains,
+    ingest_tools,
+    judge_trajectories,
+    score_queries,
+    synthesize_queries,
+    tool_graph,
+)
 from arenaforge.tracks.sft import export as export_sft
 from arenaforge.tracks.sft.tool_simulator import has_code, simulator_factory
 from arenaforge.warehouse import lookups

@@ -18,8 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from arenaforge.schemas.errors import ConfigError
-from arenaforge.tracks.train.tiny_model import (CACHE_ROOT, HERMES_TEMPLATE, build_tiny_model, ensure_built,
-                                                ensure_tiny_model)
+from arenaforge.tracks.train.tiny_model import (
+    CACHE_ROOT,
+    HERMES_TEMPLATE,
+    build_tiny_model,
+    ensure_built,
+    ensure_tiny_model,
+)
 
 DEFAULT_POLICY = "arena-small"
 ARENA_SMALL = {"layers": 4, "hidden": 128, "heads": 4, "vocab_size": 4096}

@@ -35,8 +35,13 @@ from arenaforge.tracks.train.checkpoints import CheckpointManager
 from arenaforge.tracks.train.curriculum import Curriculum
 from arenaforge.tracks.train.grpo import GrpoTrainer
 from arenaforge.tracks.train.params import GrpoParams, derived_values
-from arenaforge.tracks.train.rollout.episodes import (Episode, RolloutConfig, SandboxPool, env_failure_rejections,
-                                                      stream_groups)
+from arenaforge.tracks.train.rollout.episodes import (
+    Episode,
+    RolloutConfig,
+    SandboxPool,
+    env_failure_rejections,
+    stream_groups,
+)
 from arenaforge.tracks.train.sft import merged, with_lora
 from arenaforge.warehouse import Warehouse
 

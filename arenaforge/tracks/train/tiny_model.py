@@ -11,8 +11,8 @@ and results come back in a user turn inside `<tool_response>`. Assistant turns a
 from __future__ import annotations
 
 import json
-from importlib import resources
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 IM_START, IM_END, EOT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"

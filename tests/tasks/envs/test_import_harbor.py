@@ -24,8 +24,7 @@ from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tracks.envs.export import export_environments
 from arenaforge.tracks.envs.import_harbor import read_task
 from arenaforge.tracks.train.env_selection import matching_envs
-from arenaforge.tracks.train.params import EpisodeParams
-from arenaforge.tracks.train.params import EnvSelection
+from arenaforge.tracks.train.params import EnvSelection, EpisodeParams
 from arenaforge.tracks.train.rollout.evaluate import EvalConfig, evaluate
 from arenaforge.warehouse import Warehouse
 from tests.support.envs_fakes import sandbox_cfg

@@ -7,13 +7,8 @@ import asyncio
 import pytest
 
 from arenaforge.testing.scripted_policy import ScriptedEngine
-from arenaforge.tracks.train.rollout.episodes import (
-    parse_tool_calls,
-    render_observations,
-    run_episode,
-    run_rollouts,
-)
 from arenaforge.tracks.train.params import EpisodeParams
+from arenaforge.tracks.train.rollout.episodes import parse_tool_calls, render_observations, run_episode, run_rollouts
 from tests.support.rl import call_text, dying_before, solving_policy, tiny_env, tiny_model_path, with_pool
 
 

@@ -9,15 +9,12 @@ import asyncio
 import json
 from pathlib import Path
 
-import pytest
-
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment
 from arenaforge.testing.scripted_policy import ScriptedEngine
 from arenaforge.tracks.train.env_selection import matching_envs
-from arenaforge.tracks.train.params import EpisodeParams
-from arenaforge.tracks.train.params import EnvSelection
+from arenaforge.tracks.train.params import EnvSelection, EpisodeParams
 from arenaforge.tracks.train.rollout.episodes import user_turns
 from arenaforge.tracks.train.rollout.evaluate import EvalConfig, evaluate
 from tests.support.requirements import require_bfcl

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from arenaforge.schemas.errors import InputError
+from arenaforge.services.run_scope import RunScope
 from arenaforge.tracks.envs.knowledge.astra import load_text_corpus
 from arenaforge.tracks.envs.knowledge.sample import load_sample
 from arenaforge.tracks.envs.knowledge.source import (
@@ -30,7 +31,6 @@ from arenaforge.tracks.envs.knowledge.source import (
     from_records,
     profile,
 )
-from arenaforge.services.run_scope import RunScope
 from arenaforge.tracks.envs.knowledge.tau2_retail import load_tau2_retail
 
 __all__ = ["Column", "KnowledgeSource", "Link", "TableProfile", "default_shared_data", "from_files", "from_records",

@@ -32,8 +32,15 @@ from typing import Any, Protocol
 
 from arenaforge.environments.reward import f1_reward
 from arenaforge.schemas.errors import SandboxError
-from arenaforge.schemas.models import (ChatMessage, Environment, FunctionCall, Rejection, Rollout, ToolCall,
-                                       ToolObservation)
+from arenaforge.schemas.models import (
+    ChatMessage,
+    Environment,
+    FunctionCall,
+    Rejection,
+    Rollout,
+    ToolCall,
+    ToolObservation,
+)
 from arenaforge.services.policy.base import PolicyEngine, SamplingParams
 from arenaforge.services.policy.constrained import tool_specs
 from arenaforge.tracks.envs.graders import grader_for
