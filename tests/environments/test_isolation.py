@@ -333,6 +333,48 @@ def test_busy_processes_left_by_a_session_leave_its_neighbour_a_share(small: Poo
     assert [c.outcome for c in calls] == ["ok"] * 10, [c.error for c in calls if c.outcome != "ok"]
 
 
+CAPPED = Environment(name="capped", tools=[FunctionDoc(name="share", description="CPU its busy processes got.")],
+                     code="""
+import os, resource, time
+
+def share(cpu_s: float):
+    started = time.monotonic()
+    children = []
+    for _ in range(2):  # two busy processes: all of a 1-CPU container's quota, uncapped
+        pid = os.fork()
+        if pid == 0:
+            while sum(os.times()[:2]) < cpu_s:
+                pass
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return str((used.ru_utime + used.ru_stime) / (time.monotonic() - started))
+""")
+
+
+def test_a_session_gets_at_most_half_its_containers_cpu(small: PoolHandle) -> None:
+    """A session whose busy processes used the whole container's CPU quota got the container throttled, its
+    neighbours and the worker included, for the rest of each period (issue 35: a neighbour's p99 at 50-100x quiet).
+    Its group is capped at half the quota; extra load only lowers the share it measures, never raises it."""
+    needs_cgroups(small, "cpu")
+    pool = small.pool
+    container_cpus = pool.cfg.cpus
+    assert pool.info["session_cpu_quota_us"] == int(0.5 * container_cpus * 100_000)
+
+    async def scenario() -> ToolObservation:
+        session = await pool.open(CAPPED)
+        try:
+            return await pool.call(session, "share", {"cpu_s": 0.4}, timeout_s=60.0)
+        finally:
+            await pool.close(session)
+
+    got = small.run(scenario())
+    assert got.outcome == "ok", got
+    assert float(got.output) < 0.75 * container_cpus  # capped at 0.5 (uncapped: up to the container's 1.0)
+
+
 def test_a_closed_session_leaves_no_cgroup(small: PoolHandle) -> None:
     """Its groups go with its processes; the worker's own go with the worker (checked from the host where it can
     see them: the process backend)."""

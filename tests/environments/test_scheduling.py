@@ -1,7 +1,8 @@
-"""Sandbox workers and their sessions yield the CPU to the pool's own process, which also keeps the model endpoints
-busy: SCHED_BATCH (`worker.policy.batch_scheduling`: a request written to a worker does not preempt the pool's event
-loop) and, on the process backend, the nice value `sandbox.nice`, weighed in the pool's own autogroup: its workers stay
-in the pool's session and give up its terminal (`worker.policy.leave_terminal`)."""
+"""Sandbox workers yield the CPU to the pool's own process, which also keeps the model endpoints busy: SCHED_BATCH
+(`worker.policy.batch_scheduling`: a request written to a worker does not preempt the pool's event loop), while
+their sessions take the default policy back, so a session woken by its call preempts a neighbour's busy processes
+(`worker.policy.wake_preempting`); and, on the process backend, the nice value `sandbox.nice`, weighed in the pool's
+own autogroup: its workers stay in the pool's session and give up its terminal (`worker.policy.leave_terminal`)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ POLICY = Environment(
             except OSError:
                 group = ""
             return json.dumps({"policy": os.sched_getscheduler(0), "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                               "autogroup": group})
+                               "autogroup": group, "zygote_policy": os.sched_getscheduler(os.getppid())})
         """))
 
 
@@ -51,11 +52,12 @@ def _session_scheduling(backend: str, **cfg: object) -> dict:
 
 
 @pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
-def test_a_session_runs_under_sched_batch(backend: str) -> None:
+def test_a_session_runs_under_the_default_policy_and_its_worker_under_sched_batch(backend: str) -> None:
     if backend == "docker":
         require_docker()
     got = _session_scheduling(backend)
-    assert got["policy"] == os.SCHED_BATCH
+    assert got["policy"] == os.SCHED_OTHER  # its wake-ups preempt a neighbour's busy processes
+    assert got["zygote_policy"] == os.SCHED_BATCH  # forked by the worker, whose policy it keeps
     assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the pool's own process keeps the default policy
 
 

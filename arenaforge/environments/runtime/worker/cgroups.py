@@ -1,4 +1,4 @@
-"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, and an equal CPU share.
+"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, an equal CPU share and a CPU cap.
 
 rlimits bound one process's address space and one uid's process count; they do not see pages a session keeps in a
 `memfd` or a pipe, and they give a session with 64 busy processes 64 shares of the CPU against its neighbour's one.
@@ -19,12 +19,17 @@ import time
 
 CONTROLLERS = ("memory", "pids", "cpu")
 CLEANUP_S = 10.0
+PERIOD_US = 100_000  # of a session's CPU quota: the kernel's default period
 # the kernel's CPU weight of a task at nice -20 .. 19 (sched_prio_to_weight): a group's cpu.shares at the worker's
 # nice weighs it as the worker's processes were weighed before they had groups (`sandbox.nice` keeps its meaning)
 NICE_WEIGHT = (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916, 9548, 7620, 6100, 4904, 3906,
                3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45,
                36, 29, 23, 18, 15)
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+# a session's CPU cap, as a share of the quota the worker runs under (a container's `cpus`): a session whose busy
+# processes used all of it would get the whole container throttled, its neighbours and the worker included, for the
+# rest of each period. Where no ancestor has a quota (the host) there is nothing to exhaust, and no cap.
+SESSION_CPU_SHARE = 0.5
 
 
 def _mounts() -> dict[str, tuple[str, str, bool]]:
@@ -104,7 +109,26 @@ def setup(name: str, mount_under: str, controllers: tuple[str, ...] = CONTROLLER
         return {}, str(err)
 
 
-def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int) -> None:
+def session_cpu_quota(bases: dict[str, str]) -> int:
+    """The CPU quota (microseconds per `cpu.cfs_period_us`) each session's group gets: `SESSION_CPU_SHARE` of the
+    tightest quota among the worker group's ancestors that this process sees; 0 (none) where none has one."""
+    base = bases.get("cpu")
+    if not base:
+        return 0
+    limits = []
+    group = os.path.dirname(base)
+    while os.path.exists(os.path.join(group, "cpu.cfs_quota_us")):
+        try:
+            quota, period = _read(group, "cpu.cfs_quota_us"), _read(group, "cpu.cfs_period_us")
+        except (OSError, ValueError):
+            break
+        if quota > 0 and period > 0:
+            limits.append(quota / period)
+        group = os.path.dirname(group)
+    return int(SESSION_CPU_SHARE * min(limits) * PERIOD_US) if limits else 0
+
+
+def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int, cpu_quota_us: int = 0) -> None:
     """Put this process into its session's group (made here, with its limits), before it drops root."""
     for controller, base in bases.items():
         group = os.path.join(base, f"u{uid}")
@@ -113,8 +137,11 @@ def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int) -> None:
             _write(group, "memory.limit_in_bytes", memory_mb << 20)
         elif controller == "pids":
             _write(group, "pids.max", pids)
-        else:  # one session, however many processes, weighs as one of the worker's processes (the worker too)
+        else:  # one session, however many processes, weighs as one of the worker's processes; capped (see above)
             _write(group, "cpu.shares", _weight())
+            if cpu_quota_us:
+                _write(group, "cpu.cfs_period_us", PERIOD_US)
+                _write(group, "cpu.cfs_quota_us", cpu_quota_us)
         _write(group, "cgroup.procs", os.getpid())
 
 
@@ -167,6 +194,11 @@ def remove_all(bases: dict[str, str]) -> bool:
 
 def _weight() -> int:
     return NICE_WEIGHT[min(max(os.getpriority(os.PRIO_PROCESS, 0), -20), 19) + 20]
+
+
+def _read(group: str, knob: str) -> int:
+    with open(os.path.join(group, knob)) as fh:
+        return int(fh.read())
 
 
 def _write(group: str, knob: str, value: int) -> None:

@@ -1,7 +1,9 @@
 """The sandbox policy of one session process, applied before any tool code runs; and its teardown.
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
-  0. joins its own cgroup, where the worker has them (`cgroups`): memory, processes, an equal CPU share;
+  0. takes the default scheduling policy back from the worker's SCHED_BATCH, so its wake-ups preempt
+     (`wake_preempting`), and joins its own cgroup, where the worker has them (`cgroups`): memory, processes,
+     an equal CPU share and, inside a container, at most half of the container's CPU quota;
   1. leaves the worker's mount and IPC namespaces: a private tmpfs on /tmp, /dev/shm and /var/tmp,
      capped in size and in files (its scratch space, gone with it), host paths hidden on the process
      backend (its template's requirement directories bound back read-only under /tmp), no SysV/POSIX
@@ -89,12 +91,25 @@ def own_pid_namespace() -> None:
 
 
 def batch_scheduling() -> None:
-    """SCHED_BATCH for the worker and every session it forks: a request written to it no longer preempts the
-    writer. Under the default policy each pipe write from the pool's event loop woke the worker onto the
-    writer's core, and the loop (which also keeps the model endpoints busy) lost the CPU mid-write."""
+    """SCHED_BATCH for the worker (its zygotes inherit it): a request written to it no longer preempts the writer.
+    Under the default policy each pipe write from the pool's event loop woke the worker onto the writer's core, and
+    the loop (which also keeps the model endpoints busy) lost the CPU mid-write. Sessions go back to the default
+    policy (`wake_preempting`)."""
+    _set_policy("SCHED_BATCH")
+
+
+def wake_preempting() -> None:
+    """The default policy for a session: a task under SCHED_BATCH never preempts on waking, so a session woken by
+    its call waited behind a busy neighbour's processes until the next tick or the end of their slice (up to
+    milliseconds per wake-up, a hundred times a trivial call). Under the default policy it preempts where its
+    group is owed the CPU (its own cgroup, an equal of the neighbour's: `cgroups`)."""
+    _set_policy("SCHED_OTHER")
+
+
+def _set_policy(name: str) -> None:
     try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError):  # not Linux, or refused: the default policy
+        os.sched_setscheduler(0, getattr(os, name), os.sched_param(0))
+    except (OSError, AttributeError):  # not Linux, or refused: the policy this process has
         pass
 
 
@@ -267,8 +282,10 @@ def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()
     """Apply steps 1-5 of the module docstring to this (session) process; returns where it sees the read-only
     directories `shared` (its template's installed requirements)."""
     seen = list(shared)
+    wake_preempting()
     if uid and limits.get("cgroups"):  # while still root: the groups are root's to make
-        cgroups.join(limits["cgroups"], uid, int(limits["memory_mb"]), int(limits["pids"]))
+        cgroups.join(limits["cgroups"], uid, int(limits["memory_mb"]), int(limits["pids"]),
+                     int(limits["session_cpu_quota_us"]))
     if limits.get("namespaces"):
         moved = _private_mounts(uid or os.getuid(), limits, shared)
         seen = [moved.get(p, p) for p in shared]

@@ -37,6 +37,7 @@ LIMITS = {
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
     "cgroups_wanted": ["memory", "pids", "cpu"],  # a group per session for each, where the worker can make them
+    "session_cpu_quota_us": 0,  # set at hello (`cgroups.session_cpu_quota`): 0, no cap
 }
 
 
@@ -149,7 +150,9 @@ class Server(SessionServer):
             else:
                 bases, why = {}, "sessions do not get uids of their own"
             self.limits["cgroups"] = bases
-            self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group})
+            self.limits["session_cpu_quota_us"] = cgroups.session_cpu_quota(bases)
+            self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group,
+                                    "session_cpu_quota_us": self.limits["session_cpu_quota_us"]})
             self.reply({"id": rid, "ok": True, "info": self._info()})
         elif op == "ping":
             self.reply({"id": rid, "ok": True, "info": self._info()})
