@@ -118,6 +118,11 @@ class SandboxConfig(_Section):
                     "and on Docker each session weighs as one process for the CPU however many it starts.",
     )
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
+    session_cpu_share: float = Field(
+        default=0.5, gt=0, le=1,
+        description="Docker, with session_cgroups: the share of its worker container's CPUs one session may use. "
+                    "Below 1, no session's busy processes can get the whole container throttled (its neighbours and "
+                    "the worker with it); a CPU-bound tool alone runs at that share. 1: no cap.")
     nice: int = Field(
         default=19, ge=0, le=19,
         description="Process backend: the nice value of workers and their sessions, which share the flow's "

@@ -354,13 +354,14 @@ def share(cpu_s: float):
 """)
 
 
-def test_a_session_gets_at_most_half_its_containers_cpu(small: PoolHandle) -> None:
+def test_a_session_gets_at_most_its_share_of_its_containers_cpu(small: PoolHandle) -> None:
     """A session whose busy processes used the whole container's CPU quota got the container throttled, its
     neighbours and the worker included, for the rest of each period (issue 35: a neighbour's p99 at 50-100x quiet).
-    Its group is capped at half the quota; extra load only lowers the share it measures, never raises it."""
+    Its group is capped at `session_cpu_share` (half) of the quota; extra load only lowers the share it measures."""
     needs_cgroups(small, "cpu")
     pool = small.pool
     container_cpus = pool.cfg.cpus
+    assert pool.cfg.session_cpu_share == 0.5
     assert pool.info["session_cpu_quota_us"] == int(0.5 * container_cpus * 100_000)
 
     async def scenario() -> ToolObservation:

@@ -86,7 +86,7 @@ class WorkerSlots:
         return {
             "memory_mb": cfg.memory_mb, "pids": cfg.pids, "cpu_s": cfg.session_cpu_s,
             "output_limit": cfg.output_limit_bytes, "state_limit": cfg.state_limit_bytes,
-            "message_limit": cfg.message_limit_bytes,
+            "message_limit": cfg.message_limit_bytes, "session_cpu_share": cfg.session_cpu_share,
             "open_timeout_s": cfg.open_timeout_s, "scratch_root": self.launcher.scratch_root,
             "scratch_mb": cfg.scratch_mb, "scratch_files": cfg.scratch_files,
             "hide_paths": list(self.launcher.hide_paths), "load_stretch": LOAD_STRETCH,

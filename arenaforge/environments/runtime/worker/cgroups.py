@@ -26,10 +26,6 @@ NICE_WEIGHT = (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11
                3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45,
                36, 29, 23, 18, 15)
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
-# a session's CPU cap, as a share of the quota the worker runs under (a container's `cpus`): a session whose busy
-# processes used all of it would get the whole container throttled, its neighbours and the worker included, for the
-# rest of each period. Where no ancestor has a quota (the host) there is nothing to exhaust, and no cap.
-SESSION_CPU_SHARE = 0.5
 
 
 def _mounts() -> dict[str, tuple[str, str, bool]]:
@@ -109,11 +105,14 @@ def setup(name: str, mount_under: str, controllers: tuple[str, ...] = CONTROLLER
         return {}, str(err)
 
 
-def session_cpu_quota(bases: dict[str, str]) -> int:
-    """The CPU quota (microseconds per `cpu.cfs_period_us`) each session's group gets: `SESSION_CPU_SHARE` of the
-    tightest quota among the worker group's ancestors that this process sees; 0 (none) where none has one."""
+def session_cpu_quota(bases: dict[str, str], share: float) -> int:
+    """The CPU quota (microseconds per `cpu.cfs_period_us`) each session's group gets: `share` of the tightest quota
+    among the worker group's ancestors that this process sees (a container's `cpus`); 0 (none) where none has one,
+    or where `share` is 1. A session whose busy processes used the whole quota would get the whole container
+    throttled, its neighbours and the worker included, for the rest of each period; on the host there is nothing
+    to exhaust."""
     base = bases.get("cpu")
-    if not base:
+    if not base or share >= 1:
         return 0
     limits = []
     group = os.path.dirname(base)
@@ -125,7 +124,7 @@ def session_cpu_quota(bases: dict[str, str]) -> int:
         if quota > 0 and period > 0:
             limits.append(quota / period)
         group = os.path.dirname(group)
-    return int(SESSION_CPU_SHARE * min(limits) * PERIOD_US) if limits else 0
+    return int(share * min(limits) * PERIOD_US) if limits else 0
 
 
 def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int, cpu_quota_us: int = 0) -> None:

@@ -37,6 +37,7 @@ LIMITS = {
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
     "cgroups_wanted": ["memory", "pids", "cpu"],  # a group per session for each, where the worker can make them
+    "session_cpu_share": 0.5,  # of the worker's CPU quota, one session's cap (`sandbox.session_cpu_share`)
     "session_cpu_quota_us": 0,  # set at hello (`cgroups.session_cpu_quota`): 0, no cap
 }
 
@@ -150,7 +151,8 @@ class Server(SessionServer):
             else:
                 bases, why = {}, "sessions do not get uids of their own"
             self.limits["cgroups"] = bases
-            self.limits["session_cpu_quota_us"] = cgroups.session_cpu_quota(bases)
+            share = float(self.limits["session_cpu_share"])
+            self.limits["session_cpu_quota_us"] = cgroups.session_cpu_quota(bases, share)
             self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group,
                                     "session_cpu_quota_us": self.limits["session_cpu_quota_us"]})
             self.reply({"id": rid, "ok": True, "info": self._info()})
