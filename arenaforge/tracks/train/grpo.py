@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
 
 from arenaforge.schemas.errors import InputError
 from arenaforge.schemas.models import Rollout
-from arenaforge.tracks.train.params import GrpoParams, derived_values
+from arenaforge.tracks.train.params import GrpoParams
 
 ADV_EPS = 1e-4  # TRL's constant, so advantages agree exactly
 
@@ -57,8 +57,9 @@ class GrpoConfig:
 
     @classmethod
     def from_params(cls, params: GrpoParams, **changes: Any) -> GrpoConfig:
-        """The params' values of this config's fields, with `changes`."""
-        return cls(**{**derived_values(cls, params), **changes})
+        """The params' values of this config's fields (all top-level fields of GrpoParams), with `changes`."""
+        return cls(**{**{f.name: getattr(params, f.name) for f in fields(cls) if f.name in GrpoParams.model_fields},
+                      **changes})
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
