@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from arenaforge.flows.context import flag_errors
+from arenaforge.schemas.errors import InputError
 
 Path = tuple[str, ...]  # a field's place in the params model: ("envs", "limit")
 
@@ -33,6 +34,16 @@ class Option:
     decls: tuple[str, ...]  # the flag and its short forms
     annotation: Any
     default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """One flag for the int fields `<prefix><part>`, one per part: 'a,b,c' in the parts' order, or 'part=n,...'
+    (a part not named keeps its field's default); e.g. `--distractors 1,2,0` for distractors_high/medium/low."""
+
+    prefix: str
+    parts: tuple[str, ...]
     help: str
 
 
@@ -76,14 +87,17 @@ class ParamsOptions:
     flags: field path ("envs.limit") -> its flag and short forms (`"--env-limit"` or `("--source", "-s")`);
     prefixes: nested field -> the prefix of its fields' flags (`{"verl": "verl-"}`);
     exclude: field paths the command does not expose (they come from elsewhere: its context, another option);
-    required: field paths the command requires."""
+    required: field paths the command requires;
+    grouped: option name -> `Grouped` top-level int fields it sets in one flag."""
 
     def __init__(self, model: type[BaseModel], *, flags: Mapping[str, str | tuple[str, ...]] | None = None,
                  prefixes: Mapping[str, str] | None = None, exclude: Iterable[str] = (),
-                 required: Iterable[str] = ()) -> None:
+                 required: Iterable[str] = (), grouped: Mapping[str, Grouped] | None = None) -> None:
         self.model = model
+        self.grouped = dict(grouped or {})
         flags = {k: (v,) if isinstance(v, str) else tuple(v) for k, v in (flags or {}).items()}
-        exclude, required = set(exclude), set(required)
+        exclude = set(exclude) | {g.prefix + part for g in self.grouped.values() for part in g.parts}
+        required = set(required)
         self.options = list(self._options(model, (), None, flags, dict(prefixes or {}), exclude, required))
         names = [o.name for o in self.options]
         clash = {n for n in names if names.count(n) > 1}
@@ -114,6 +128,28 @@ class ParamsOptions:
             yield Option(path, long[2:].replace("-", "_"), decls, _cli_type(field.annotation),
                          ... if dotted in required else _default(model, name, parent),
                          field.description.replace("[", "\\["))  # rich markup would eat `[lora]`
+
+    def _grouped_default(self, name: str) -> str:
+        group = self.grouped[name]
+        return ",".join(str(_default(self.model, group.prefix + part, None)) for part in group.parts)
+
+    def _grouped_fields(self, name: str, text: str) -> dict[str, int]:
+        """`text` of the grouped option `name` as its fields' values; one line naming the flag when it is neither
+        form or names another part."""
+        group = self.grouped[name]
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        try:
+            if all("=" not in item for item in items) and len(items) == len(group.parts):
+                values = dict(zip(group.parts, (int(item) for item in items)))
+            else:
+                values = {**{p: _default(self.model, group.prefix + p, None) for p in group.parts},
+                          **{k.strip(): int(v) for k, v in (item.split("=", 1) for item in items)}}
+        except ValueError:
+            values = {}
+        if set(values) != set(group.parts):
+            raise InputError(f"--{name.replace('_', '-')} {text!r}: use {','.join(group.parts)} counts like "
+                             f"{self._grouped_default(name)}")
+        return {group.prefix + part: n for part, n in values.items()}
 
     @property
     def flags(self) -> dict[str, str]:
@@ -148,6 +184,8 @@ class ParamsOptions:
                     for key in at:
                         node = node.setdefault(key, {})
                     node[leaf] = list(value) if isinstance(value, tuple) else value
+                elif name in self.grouped:
+                    fields.update(self._grouped_fields(name, value))
             given = {k: v for k, v in kwargs.items() if k in own_names}
             rest = context(**given, fields=fields)
             return fn(**given, params=self.build(command_name, fields, into, **rest))
@@ -155,6 +193,9 @@ class ParamsOptions:
         derived = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, annotation=o.annotation,
                                      default=typer.Option(o.default, *o.decls, help=o.help))
                    for o in self.options]
+        derived += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=str,
+                                      default=typer.Option(self._grouped_default(name), help=group.help))
+                    for name, group in self.grouped.items()]
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
         command.__signature__ = inspect.Signature(own + derived)  # type: ignore[attr-defined]
         command.__name__, command.__doc__ = fn.__name__, fn.__doc__

@@ -25,8 +25,9 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from arenaforge.flows.artifacts import SANDBOX, in_prefect_run, markdown_table, summary_table
+from arenaforge.schemas.config import Config
 from arenaforge.tracks.train.evaluation import eval_job
-from arenaforge.tracks.train.grpo_job import grpo_job, on_configured_cluster
+from arenaforge.tracks.train.grpo_job import grpo_job
 from arenaforge.tracks.train.job_config import config_for, open_job_scope
 from arenaforge.tracks.train.params import EvalParams, GrpoParams, RolloutParams, SftParams, WarmstartParams
 from arenaforge.tracks.train.rollout_job import rollout_job
@@ -103,6 +104,14 @@ async def rollout(params: RolloutParams = RolloutParams()) -> dict[str, Any]:
     async with open_job_scope(params, "rollout") as scope:
         result = await rollout_task(scope, params)
     return _summarise("rollout", result)
+
+
+def on_configured_cluster(params: GrpoParams, cfg: Config) -> GrpoParams:
+    """`params` scaled out to the config's cluster (train.ray_address) unless they name one themselves: resolved here,
+    before the run opens, so its `runs` row records the cluster the job goes to."""
+    if params.verl.ray_address or not cfg.train.ray_address:
+        return params
+    return params.model_copy(update={"verl": params.verl.model_copy(update={"ray_address": cfg.train.ray_address})})
 
 
 @flow(name="train-grpo")

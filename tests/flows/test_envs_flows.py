@@ -36,13 +36,19 @@ def _json(out: str) -> dict:
 
 
 def test_distractors_option_reads_both_forms_onto_the_spec_defaults() -> None:
-    from arenaforge.flows.commands.envs import distractor_fields
+    from arenaforge.flows.commands.envs import SYNTH_OPTIONS
+    from arenaforge.schemas.errors import InputError
+
+    def distractor_fields(text: str) -> dict[str, int]:
+        return SYNTH_OPTIONS._grouped_fields("distractors", text)
 
     fields = {"distractors_high": 2, "distractors_medium": 0, "distractors_low": 1}
     assert distractor_fields("high=2,medium=0,low=1") == fields == distractor_fields("2,0,1")
     assert distractor_fields("high=2") == {**fields, "distractors_medium": 1}  # EnvsSpec's default for the others
-    with pytest.raises(ValueError):
-        distractor_fields("top=1")
+    assert SYNTH_OPTIONS._grouped_default("distractors") == "1,1,1"
+    for bad in ("top=1", "1,x,2", "1,2"):
+        with pytest.raises(InputError, match="use high,medium,low counts like 1,1,1"):
+            distractor_fields(bad)
 
 
 def test_envs_synth_offline_show_and_export(prefect_server, tmp_path: Path, monkeypatch) -> None:

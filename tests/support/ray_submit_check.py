@@ -57,8 +57,9 @@ def _client_when_up(address: str, head: subprocess.Popen) -> object:
 
 
 def main(work: Path) -> dict:
+    from arenaforge.flows.train_flows import on_configured_cluster
     from arenaforge.tracks.train.grpo_job import grpo_job
-    from arenaforge.tracks.train.job_config import open_job_scope
+    from arenaforge.tracks.train.job_config import config_for, open_job_scope
     from arenaforge.tracks.train.params import EnvSelection, GrpoParams
     from arenaforge.warehouse import Warehouse
     from tests.support.rl import tiny_env
@@ -75,9 +76,10 @@ def main(work: Path) -> dict:
         params = GrpoParams(db=str(wh.path), out_dir=str(work / "out"), model_path="/models/m",
                             envs=EnvSelection(split="all"), experiment="ray-check")
 
-        async def hand_off() -> dict:
-            async with open_job_scope(params, "train-grpo") as scope:
-                return await grpo_job(scope, params)
+        async def hand_off() -> dict:  # as the train-grpo flow does: the config's cluster, then the job
+            scaled = on_configured_cluster(params, config_for(params))
+            async with open_job_scope(scaled, "train-grpo") as scope:
+                return await grpo_job(scope, scaled)
 
         out = asyncio.run(hand_off())
         info = client.get_job_info(out["ray_job_id"])

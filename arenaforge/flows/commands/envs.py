@@ -11,7 +11,7 @@ import typer
 from arenaforge.flows.context import run_flow, state, synthesis_context
 from arenaforge.flows.display import console, print_rows
 from arenaforge.flows.envs_params import EnvsParams
-from arenaforge.flows.options import ParamsOptions
+from arenaforge.flows.options import Grouped, ParamsOptions
 from arenaforge.schemas.errors import InputError
 from arenaforge.tracks.envs.distractors import BANDS
 from arenaforge.tracks.envs.pipeline import EnvsSpec
@@ -20,42 +20,14 @@ app = typer.Typer(help="Synthesize verified, executable RL environments (RL trac
 
 
 SYNTH_OPTIONS = ParamsOptions(
-    EnvsSpec, exclude=["distractors_high", "distractors_medium", "distractors_low"],  # one --distractors option
+    EnvsSpec, grouped={"distractors": Grouped("distractors_", BANDS, "Distractors per band: high,medium,low (or "
+                                                                      "high=1,medium=2,low=0).")},
     flags={"sources": ("--source", "-s"), "n": ("--n", "-n"), "structures": "--structure",
            "seed_questions": "--seed-question", "qs_threshold": "--threshold", "qs_percentile": "--percentile",
            "merge_across": "--merge-across/--merge-within"})
-_MIX = {band: EnvsSpec.model_fields[f"distractors_{band}"].default for band in BANDS}
-
-
-def distractor_fields(text: str) -> dict[str, int]:
-    """`--distractors` ('high=1,medium=1,low=1' or '1,1,1') as EnvsSpec's distractors_* fields; a band not named
-    keeps its default. ValueError when the text names another band or is neither form."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if all("=" not in p for p in parts) and len(parts) == 3:
-        counts = dict(zip(BANDS, (int(p) for p in parts)))
-    else:
-        counts = {**_MIX, **{k.strip(): int(v) for k, v in (p.split("=", 1) for p in parts)}}
-    if set(counts) != set(BANDS):
-        raise ValueError(f"bands are {', '.join(BANDS)}")
-    return {f"distractors_{band}": n for band, n in counts.items()}
-
-
-def _synth_context(ctx: typer.Context, distractors: str, fields: dict[str, Any]) -> dict[str, Any]:
-    try:
-        mix = distractor_fields(distractors)
-    except ValueError:
-        raise InputError(f"--distractors {distractors!r}: use high,medium,low counts like 1,1,1") from None
-    return {**mix, **synthesis_context(ctx, fields)}
-
-
 @app.command("synth")
-@SYNTH_OPTIONS.command("envs synth", _synth_context, into=EnvsParams)
-def synth(
-    ctx: typer.Context,
-    params: EnvsParams,
-    distractors: str = typer.Option(",".join(str(_MIX[band]) for band in BANDS),
-                                    help="Distractors per band: high,medium,low (or high=1,medium=2,low=0)."),
-) -> None:
+@SYNTH_OPTIONS.command("envs synth", synthesis_context, into=EnvsParams)
+def synth(ctx: typer.Context, params: EnvsParams) -> None:
     """Run the `envs` flow: QA synthesis + verification, tools verified in the sandbox, merging, distractors."""
     from arenaforge.flows.envs_flows import envs
 

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from arenaforge.schemas.config import Config
 from arenaforge.schemas.errors import ConfigError
 from arenaforge.schemas.models import Rollout
 from arenaforge.services.policy.registry import engine_kind
@@ -33,7 +32,6 @@ async def grpo_job(scope: RunScope, params: GrpoParams,
     cfg, wh = scope.cfg, scope.wh
     envs = select_envs(wh, params.envs)
     out = out_dir_for(cfg, params.out_dir, params.experiment)
-    params = on_configured_cluster(params, cfg)
     engine = engine_kind(params.engine)
     if params.warmstart_steps and (not engine.warm_start or params.verl.ray_address or params.verl.spec_only):
         raise ConfigError("--warmstart-steps trains a local copy (engines hf, vllm-local); for a vllm server or verl "
@@ -90,13 +88,6 @@ async def grpo_job(scope: RunScope, params: GrpoParams,
             "zero_variance_share": _mean_of(steps, "zero_variance_share"),
             **({"warmstart": warm} if warm else {}), **({"eval": evals} if evals else {}),
             **({"curves_png": str(curves)} if curves else {})}
-
-
-def on_configured_cluster(params: GrpoParams, cfg: Config) -> GrpoParams:
-    """`params` scaled out to the config's cluster (train.ray_address) unless they name one themselves."""
-    if params.verl.ray_address or not cfg.train.ray_address:
-        return params
-    return params.model_copy(update={"verl": params.verl.model_copy(update={"ray_address": cfg.train.ray_address})})
 
 
 def _mean_of(rows: Sequence[dict[str, float]], key: str) -> float | None:
