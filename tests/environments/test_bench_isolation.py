@@ -9,8 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
+from arenaforge.benchmarks.isolation import ATTACKS
 from arenaforge.flows.cli import app
-from arenaforge.tasks.benchmarks.isolation import ATTACKS
 from tests.support.requirements import require_docker
 
 
