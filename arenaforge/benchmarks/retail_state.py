@@ -130,14 +130,11 @@ def return_delivered_order_items(order_id: str, item_ids: list, payment_method_i
     return order
 
 
-def exchange_delivered_order_items(order_id: str, item_ids: list, new_item_ids: list,
-                                   payment_method_id: str) -> dict:
-    order = _order(order_id)
-    if order["status"] != "delivered":
-        raise ValueError("Non-delivered order cannot be exchanged")
+def _swaps(order, item_ids, new_item_ids):
+    """(the order's item, its new variant) per pair, and the price difference; ValueError as tau2 words it."""
     if len(item_ids) != len(new_item_ids):
         raise ValueError("The number of items to be exchanged should match")
-    diff = 0.0
+    swaps, diff = [], 0.0
     for old_id, new_id in zip(item_ids, new_item_ids):
         item = next((i for i in order["items"] if i["item_id"] == old_id), None)
         if item is None:
@@ -145,7 +142,17 @@ def exchange_delivered_order_items(order_id: str, item_ids: list, new_item_ids: 
         variant = DB["products"][item["product_id"]]["variants"].get(new_id)
         if variant is None or not variant["available"]:
             raise ValueError(f"New item {new_id} not found or available")
+        swaps.append((item, variant))
         diff += variant["price"] - item["price"]
+    return swaps, diff
+
+
+def exchange_delivered_order_items(order_id: str, item_ids: list, new_item_ids: list,
+                                   payment_method_id: str) -> dict:
+    order = _order(order_id)
+    if order["status"] != "delivered":
+        raise ValueError("Non-delivered order cannot be exchanged")
+    _, diff = _swaps(order, item_ids, new_item_ids)
     order["status"] = "exchange requested"
     order["exchange_items"] = sorted(item_ids)
     order["exchange_new_items"] = sorted(new_item_ids)

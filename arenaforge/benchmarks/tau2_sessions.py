@@ -47,20 +47,11 @@ def modify_pending_order_items(order_id: str, item_ids: list[str], new_item_ids:
     order = _order(order_id)
     if order["status"] != "pending":
         raise ValueError("Non-pending order cannot be modified")
-    if len(item_ids) != len(new_item_ids):
-        raise ValueError("The number of items to be exchanged should match")
     if payment_method_id not in _user(order["user_id"])["payment_methods"]:
         raise ValueError("Payment method not found")
-    diff = 0.0
-    for old_id, new_id in zip(item_ids, new_item_ids):
-        item = next((i for i in order["items"] if i["item_id"] == old_id), None)
-        if item is None:
-            raise ValueError(f"Item {old_id} not found")
-        variant = DB["products"][item["product_id"]]["variants"].get(new_id)
-        if variant is None or not variant["available"]:
-            raise ValueError(f"New item {new_id} not found or available")
-        diff += variant["price"] - item["price"]
-        item.update(item_id=new_id, price=variant["price"], options=variant["options"])
+    swaps, diff = _swaps(order, item_ids, new_item_ids)
+    for item, variant in swaps:
+        item.update(item_id=variant["item_id"], price=variant["price"], options=variant["options"])
     order["payment_history"].append({"transaction_type": "payment" if diff > 0 else "refund",
                                      "amount": round(abs(diff), 2), "payment_method_id": payment_method_id})
     order["status"] = "pending (item modified)"
