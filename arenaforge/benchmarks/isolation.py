@@ -6,7 +6,9 @@ neighbour's failures (observations that are not `ok`, and sandbox failures), its
 its quiet p99, how the attacker's own call ended, and whether its session serves again afterwards.
 
 Attacks: `memfd` (memory no address-space limit sees: twice `memory_mb` written into an anonymous file), `spinners`
-(busy background processes, as many as its `pids` allow), `fork_bomb` (a call that forks until its limit),
+(busy background processes, as many as its `pids` allow, left running by a call that returns: the call is `limit`
+and they die with it), `busy_call` (the same processes while the call waits on them, until its time limit: what the
+neighbour's loop runs beside), `fork_bomb` (a call that forks until its limit),
 `newlines` (a thread pouring bare newlines into its reply channel between calls), `files` (empty files until the
 scratch file cap), `memory` (an address-space blow-up). Goal (issue 35): 0 neighbour failures and p99 within 2x of
 quiet for every attack, on both backends; the attacker ends as `limit`, `error` or `timeout`, charged to its tool.
@@ -44,6 +46,11 @@ def spinners(n: int):
                 pass
     return "spinning"
 
+def busy_call(n: int):
+    spinners(n)
+    while True:
+        os.wait()
+
 def fork_bomb():
     while True:
         os.fork()
@@ -80,7 +87,7 @@ def memory():
     while True:
         chunks.append(bytearray(50 << 20))
 '''
-ATTACKS = ("memfd", "spinners", "fork_bomb", "newlines", "files", "memory")
+ATTACKS = ("memfd", "spinners", "busy_call", "fork_bomb", "newlines", "files", "memory")
 ATTACK_TOOLS = ("ok", *ATTACKS)
 
 
@@ -89,7 +96,9 @@ def attacks_env() -> Environment:
 
 
 def _args(attack: str, cfg: SandboxConfig) -> dict[str, Any]:
-    return {"memfd": {"mb": 2 * cfg.memory_mb}, "spinners": {"n": cfg.pids - 4}, "files": {"n": 400_000}}.get(attack, {})
+    spinners = {"n": cfg.pids - 4}
+    return {"memfd": {"mb": 2 * cfg.memory_mb}, "spinners": spinners, "busy_call": spinners,
+            "files": {"n": 400_000}}.get(attack, {})
 
 
 async def _neighbour_loop(pool: Any, session: Any, calls: int) -> tuple[list[float], list[str]]:
@@ -149,7 +158,7 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
     Args:
         backend: Sandbox backend: process or docker.
         calls: Trivial calls the neighbour makes, quiet and then under attack.
-        attacks: Comma-separated attacks to run (memfd, spinners, fork_bomb, newlines, files, memory).
+        attacks: Comma-separated attacks to run (memfd, spinners, busy_call, fork_bomb, newlines, files, memory).
         session_cgroups: A cgroup per session (off: as before issue 35's groups).
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]

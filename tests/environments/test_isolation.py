@@ -135,10 +135,29 @@ def leave_behind():
             time.sleep(1000)
         os._exit(0)
     return "left"
+
+def fork_later():
+    """A child forked by a thread after the call returned: nothing runs at the reply, something runs after it."""
+    import threading, time
+    def later():
+        time.sleep(0.05)
+        if os.fork() == 0:
+            time.sleep(1000)
+    threading.Thread(target=later, daemon=True).start()
+    return "armed"
+
+def exit_later(code: int):
+    """The session process ends itself between calls (a background thread of the tool's code)."""
+    import threading, time
+    def later():
+        time.sleep(0.05)
+        os._exit(code)
+    threading.Thread(target=later, daemon=True).start()
+    return os.getpid()
 '''
 PROBES += ATTACKS_CODE  # the attacks `bench isolation` runs: memfd, spinners, fork_bomb, newlines, files, memory
 TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
-         "touch_many", "mqueue", "leave_behind", "burn", *ATTACK_TOOLS)
+         "touch_many", "mqueue", "leave_behind", "fork_later", "exit_later", "burn", *ATTACK_TOOLS)
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
@@ -313,24 +332,84 @@ def test_memory_held_outside_the_address_space_ends_that_session_only(small: Poo
     assert again == "ok"
 
 
-def test_busy_processes_left_by_a_session_leave_its_neighbour_a_share(small: PoolHandle) -> None:
-    """A session's background processes, as many as its pids allow, made its neighbour's calls fail as `Overloaded`
+def test_busy_processes_of_a_session_leave_its_neighbour_a_share(small: PoolHandle) -> None:
+    """A session's busy processes, as many as its pids allow, made its neighbour's calls fail as `Overloaded`
     (issue 35): each process was weighed as one, so the neighbour got 1/30 of the worker's CPU. Each session is now one
-    group, weighed as one: the neighbour's CPU-bound calls all finish."""
+    group, weighed as one: the neighbour's CPU-bound calls all finish while the attacker's call still runs."""
     needs_cgroups(small, "cpu")
     pool = small.pool
 
     async def scenario() -> tuple[ToolObservation, list[ToolObservation]]:
         a, b = await pool.open(probes_env()), await pool.open(probes_env())
-        spin = await pool.call(a, "spinners", {"n": pool.cfg.pids - 4})
-        calls = [await pool.call(b, "burn", {"seconds": 0.3}, timeout_s=1.0) for _ in range(10)]
+        busy = asyncio.ensure_future(pool.call(a, "busy_call", {"n": pool.cfg.pids - 4}, timeout_s=10.0))
+        calls = [await pool.call(b, "burn", {"seconds": 0.3}, timeout_s=1.0) for _ in range(5)]
+        done_first = not busy.done()
+        spin = await busy
         await pool.close(a)
         await pool.close(b)
-        return spin, calls
+        return spin, calls, done_first
 
-    spin, calls = small.run(scenario())
-    assert spin.outcome == "ok" and spin.output == "spinning"
-    assert [c.outcome for c in calls] == ["ok"] * 10, [c.error for c in calls if c.outcome != "ok"]
+    spin, calls, neighbour_first = small.run(scenario())
+    assert neighbour_first  # the neighbour's calls ran beside the busy processes, not after them
+    assert spin.outcome == "timeout", spin  # the attacker's own limit: the tool's
+    assert [c.outcome for c in calls] == ["ok"] * 5, [c.error for c in calls if c.outcome != "ok"]
+
+
+def test_a_call_that_leaves_processes_running_is_the_tools_limit(small: PoolHandle) -> None:
+    """Busy processes a call left behind took its neighbours' CPU until the session closed (issue 35). A call's
+    processes now end with it: one that returns while they run is `limit`, they are killed with its session, which
+    restarts; so are processes a thread starts after the call returned (the session's next call says so)."""
+    needs_cgroups(small, "pids")
+    pool = small.pool
+
+    async def scenario() -> tuple[list[ToolObservation], int, list[ToolObservation]]:
+        session = await pool.open(probes_env())
+        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
+        left = await _calls(pool, session, ("write", {"path": "/tmp/state", "text": "S"}),
+                            ("spinners", {"n": 3}), ("listdir", {"path": "/tmp"}))
+        now = json.loads((await pool.call(session, "whoami", {})).output)["uid"]  # restarted: a uid of its own
+        later = [await pool.call(session, "fork_later", {})]
+        await _gone(now)  # the sweep kills the session once its thread's child runs
+        later.append(await pool.call(session, "whoami", {}))
+        later.append(await pool.call(session, "whoami", {}))
+        await pool.close(session)
+        return left, now, later
+
+    left, uid, later = small.run(scenario())
+    assert [o.outcome for o in left] == ["ok", "limit", "ok"], left
+    assert left[1].error.startswith("the call returned while 3 processes it started kept running"), left[1]
+    assert "state" not in left[2].output  # the session restarted from its initial state
+    assert [o.outcome for o in later] == ["ok", "limit", "ok"], later
+    assert "1 process the session started kept running between calls" in later[1].error, later[1]
+    assert _wait_for_none(uid) == []
+
+
+async def _gone(uid: int) -> None:
+    """Once the host sees no process of `uid` (polling that condition, 30 s at most)."""
+    deadline = time.monotonic() + 30
+    while _processes_of(uid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+
+
+def test_a_session_that_ends_itself_between_calls_is_the_tools_limit(small: PoolHandle) -> None:
+    """A session process that exited between calls, by its own code, made its next call a `SessionLost`: the
+    sandbox's failure, never the tool's (issue 35). It is the tool's: that call is `limit`, saying why."""
+    needs_cgroups(small, "pids")  # its own uid, so the host can see when its process is gone
+    pool = small.pool
+
+    async def scenario() -> tuple[ToolObservation, ToolObservation, ToolObservation]:
+        session = await pool.open(probes_env())
+        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
+        armed = await pool.call(session, "exit_later", {"code": 3})
+        await _gone(uid)  # ended between calls, not during the next one
+        after, again = await pool.call(session, "whoami", {}), await pool.call(session, "whoami", {})
+        await pool.close(session)
+        return armed, after, again
+
+    armed, after, again = small.run(scenario())
+    assert armed.outcome == "ok"
+    assert after.outcome == "limit" and after.error.startswith("the session process exited with code 3 between calls")
+    assert again.outcome == "ok"
 
 
 CAPPED = Environment(name="capped", tools=[FunctionDoc(name="share", description="CPU its busy processes got.")],
@@ -441,17 +520,17 @@ def test_nothing_a_session_started_outlives_it(sandbox: PoolHandle) -> None:
     not even a zombie (issue 35)."""
     pool = sandbox.pool
 
-    async def scenario() -> tuple[int, str]:
+    async def scenario() -> tuple[int, ToolObservation]:
         session = await pool.open(probes_env())
         uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
-        left = (await pool.call(session, "leave_behind", {})).output
+        left = await pool.call(session, "leave_behind", {})
         await pool.close(session)
         return uid, left
 
     uid, left = sandbox.run(scenario())
     if uid in (0, os.getuid()):
         pytest.skip("optional: sessions share this uid here (no uid switching), so its processes are not theirs alone")
-    assert left == "left"
+    assert left.outcome == "limit" if "pids" in sandbox.pool.info.get("cgroups", []) else left.output == "left", left
     assert _wait_for_none(uid) == []
 
 

@@ -144,6 +144,27 @@ def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int, cpu_quota_u
         _write(group, "cgroup.procs", os.getpid())
 
 
+def strays(bases: dict[str, str], uid: int, pid: int) -> int:
+    """How many processes of a session's group are not its session process `pid` (0: not known yet): those its tool
+    code started and left running (0 without a group to look in). Read afresh: a kept descriptor returns its first
+    list."""
+    base = bases.get("pids")
+    if not base or not uid:
+        return 0
+    try:
+        fd = os.open(os.path.join(base, f"u{uid}", "cgroup.procs"), os.O_RDONLY)
+        try:
+            listed = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+    except OSError:
+        return 0
+    listed_once = set(listed.split())  # v1 may list a process twice
+    if not pid:  # its ready message came before the zygote said which pid it is; it is in its group by then
+        return max(0, len(listed_once) - 1)
+    return len(listed_once - {str(pid).encode()})
+
+
 def oom_killed(bases: dict[str, str], uid: int) -> bool:
     """Whether the kernel killed a process of this session's group for memory."""
     base = bases.get("memory")

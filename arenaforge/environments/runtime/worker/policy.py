@@ -380,6 +380,16 @@ def cpu_state(pid: int) -> tuple[float, str] | None:
         return None
 
 
+def ended_itself(status: int | None, limits: dict, uid: int = 0) -> bool:
+    """Whether a session process ended by its own doing: it exited, or died of its own signal or its own limits
+    (SIGXCPU, its group's OOM kill). A SIGKILL from outside (the container's OOM killer, an operator) is not."""
+    if status is None:
+        return False
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return bool(uid) and cgroups.oom_killed(limits.get("cgroups") or {}, uid)
+    return True
+
+
 def describe_exit(status: int | None, limits: dict, uid: int = 0) -> str:
     """Why a session process ended, from its wait status (and its cgroup's count of kills for memory)."""
     if status is None:

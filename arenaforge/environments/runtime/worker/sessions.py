@@ -17,12 +17,13 @@ import shutil
 import socket
 import time
 
-from . import policy
+from . import cgroups, policy
 from .deadlines import RequestClock
 from .execution import STATE_TOOL
 from .protocol import encode, session_reply
 
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
+STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes left running between calls
 
 
 class Session:
@@ -64,6 +65,7 @@ class SessionServer:
         self.deadlines: list[tuple] = []
         self.ticks = itertools.count()
         self.serials = itertools.count(1)
+        self.next_sweep = 0.0
 
     def reply(self, msg: dict) -> None:
         raise NotImplementedError
@@ -230,13 +232,22 @@ class SessionServer:
         req, sess.pending = sess.pending, None
         assert req is not None
         if req["op"] != "open":
-            if "outcome" in msg:
-                self.reply({"id": req["id"], **msg})
-            else:
+            if "outcome" not in msg:
                 sess.pending = req  # a readiness message during a call: not an answer
                 return
+            strays = self._strays(sess) if req.get("tool") != STATE_TOOL else 0
+            if strays:  # a call's processes end with it: busy ones would take its neighbours' CPU (issue 35)
+                sess.pending = req
+                self._tool_fault(sess, f"the call returned while {_processes(strays)} it started kept running",
+                                 "limit")
+                return
+            self.reply({"id": req["id"], **msg})
         elif "ready" not in msg:
             sess.pending = req
+            return
+        elif msg["ready"] and (strays := self._strays(sess)):
+            self._kill(sess)
+            self._finish(sess, None, f"loading the tool code left {_processes(strays)} running", req)
             return
         elif msg["ready"]:
             self.reply({"id": req["id"], "ok": True})
@@ -245,6 +256,22 @@ class SessionServer:
             self._finish(sess, None, msg.get("error") or "the tool code failed to load", req)
             return
         self._pump(sess)
+
+    def _strays(self, sess: Session) -> int:
+        return cgroups.strays(self.limits.get("cgroups") or {}, sess.uid, sess.pid)
+
+    def _sweep_strays(self) -> None:
+        """A session whose processes run on between calls (started by a thread after its call returned) is ended
+        like a flooding one: its next call is that `limit`. Each session's group is read every STRAY_SWEEP_S."""
+        now = time.monotonic()
+        if now < self.next_sweep or not self.limits.get("cgroups"):
+            return
+        self.next_sweep = now + STRAY_SWEEP_S
+        for sess in list(self.sessions.values()):
+            if sess.pending is None and sess.isolated and sess.sock is not None and (strays := self._strays(sess)):
+                self._kill(sess)
+                sess.fault = (f"{_processes(strays)} the session started kept running between calls; the session "
+                              "restarts from its initial state")
 
     def _channel_closed(self, sess: Session) -> None:
         """The channel closed: wait briefly for the exit status that says why."""
@@ -263,9 +290,13 @@ class SessionServer:
 
     def _died(self, sess: Session) -> None:
         why = policy.describe_exit(sess.status, self.limits, sess.uid)
+        own = policy.ended_itself(sess.status, self.limits, sess.uid)
         req = sess.pending
         self._kill(sess)
-        if req is None:
+        if req is None and own:  # its own code or its own limits, between calls: the tool's, on its next call
+            sess.fault = f"{why} between calls; the session restarts from its initial state"
+            self._pump(sess)
+        elif req is None:
             sess.lost = f"{why}; the session's state was lost"
             self._pump(sess)
         elif req["op"] == "open":
@@ -357,6 +388,10 @@ class SessionServer:
             policy.kill_group(pid)
             if fallback_scratch:
                 shutil.rmtree(fallback_scratch, ignore_errors=True)
+
+
+def _processes(n: int) -> str:
+    return f"{n} process{'es' if n > 1 else ''}"
 
 
 def _nonce() -> int:
