@@ -37,5 +37,5 @@ def test_an_unknown_attack_is_one_line() -> None:
     done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "isolation", "--attacks", "rowhammer"],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, fork_bomb, "
-                                   "newlines, files, memory")
+    assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, "
+                                   "fork_bomb, newlines, files, memory")
