@@ -8,7 +8,8 @@ its quiet p99, how the attacker's own call ended, and whether its session serves
 Attacks: `memfd` (memory no address-space limit sees: twice `memory_mb` written into an anonymous file), `spinners`
 (busy background processes, as many as its `pids` allow, left running by a call that returns: the call is `limit`
 and they die with it), `busy_call` (the same processes while the call waits on them, until its time limit: what the
-neighbour's loop runs beside), `fork_bomb` (a call that forks until its limit),
+neighbour's loop runs beside), `busy_thread` (a thread left spinning after its call returned), `fork_bomb` (a call
+that forks until its limit),
 `newlines` (a thread pouring bare newlines into its reply channel between calls), `files` (empty files until the
 scratch file cap), `memory` (an address-space blow-up). Goal (issue 35): 0 neighbour failures and p99 within 2x of
 quiet for every attack, on both backends; the attacker ends as `limit`, `error` or `timeout`, charged to its tool.
@@ -51,6 +52,13 @@ def busy_call(n: int):
     while True:
         os.wait()
 
+def busy_thread():
+    def spin():
+        while True:
+            pass
+    threading.Thread(target=spin, daemon=True).start()
+    return "spinning"
+
 def fork_bomb():
     while True:
         os.fork()
@@ -87,7 +95,7 @@ def memory():
     while True:
         chunks.append(bytearray(50 << 20))
 '''
-ATTACKS = ("memfd", "spinners", "busy_call", "fork_bomb", "newlines", "files", "memory")
+ATTACKS = ("memfd", "spinners", "busy_call", "busy_thread", "fork_bomb", "newlines", "files", "memory")
 ATTACK_TOOLS = ("ok", *ATTACKS)
 
 
@@ -127,7 +135,7 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int) -> dict[str, Any]:
         neighbour, attacker = await pool.open(env), await pool.open(env)
         quiet, _ = await _neighbour_loop(pool, neighbour, calls)
         attack_call = asyncio.ensure_future(pool.call(attacker, attack, _args(attack, cfg)))
-        if attack in ("spinners", "newlines"):  # background attacks: the call returns, its processes stay
+        if attack in ("spinners", "busy_thread", "newlines"):  # background attacks: the call returns, they stay
             await asyncio.wait({attack_call})
         busy, failures = await _neighbour_loop(pool, neighbour, calls)
         try:
@@ -158,7 +166,8 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
     Args:
         backend: Sandbox backend: process or docker.
         calls: Trivial calls the neighbour makes, quiet and then under attack.
-        attacks: Comma-separated attacks to run (memfd, spinners, busy_call, fork_bomb, newlines, files, memory).
+        attacks: Comma-separated attacks to run (memfd, spinners, busy_call, busy_thread, fork_bomb, newlines,
+            files, memory).
         session_cgroups: A cgroup per session (off: as before issue 35's groups).
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]

@@ -38,4 +38,4 @@ def test_an_unknown_attack_is_one_line() -> None:
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, "
-                                   "fork_bomb, newlines, files, memory")
+                                   "busy_thread, fork_bomb, newlines, files, memory")

@@ -39,6 +39,7 @@ PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER = 
 PRIVATE_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 MQUEUE_DIR = "/dev/mqueue"
 CGROUP_ROOT = "/sys/fs/cgroup"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 MSGQUEUE_BYTES = 256 << 10  # POSIX queue bytes per session uid (RLIMIT_MSGQUEUE): two queues of default size
 
 # seccomp: syscalls a session never needs and that could undo its isolation, per architecture. socket() is among
@@ -365,6 +366,17 @@ def kill_group(pid: int) -> None:
             pass
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """Seconds `pid` has spent on a CPU, all its threads together (schedstat counts the first thread only), or None
+    where it is gone. Clock ticks: 10 ms."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cpu_state(pid: int) -> tuple[float, str] | None:
     """(seconds `pid` has spent on a CPU, its scheduler state letter: R runnable, S sleeping, ...), or None."""
     try:
@@ -375,7 +387,7 @@ def cpu_state(pid: int) -> tuple[float, str] | None:
             with open(f"/proc/{pid}/schedstat", "rb") as fh:
                 return int(fh.read().split()[0]) / 1e9, state
         except (OSError, ValueError, IndexError):  # no schedstat: user + system clock ticks
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), state
+            return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, state
     except (OSError, ValueError, IndexError):
         return None
 

@@ -71,7 +71,7 @@ class Server(SessionServer):
                     self._read_child(key.data[1])
             self._reap()
             self._expire()
-            self._sweep_strays()
+            self._sweep_idle()
             self._flush()
 
     def _gone(self, key: selectors.SelectorKey) -> bool:

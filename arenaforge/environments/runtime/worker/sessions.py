@@ -23,13 +23,15 @@ from .execution import STATE_TOOL
 from .protocol import encode, session_reply
 
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
-STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes left running between calls
+STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes, or CPU use, between calls
+IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thread left running), its `limit`. Not
+# less: BLAS worker threads spin up to ~0.1 s each after their last job
 
 
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
                  "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching",
-                 "stray", "fault")
+                 "stray", "fault", "idle_cpu")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -47,6 +49,7 @@ class Session:
         self.status: int | None = None
         self.stray = 0  # bytes of lines that were not the reply, since the last request was sent
         self.fault = ""  # tool code ended the process between calls (a flood): the next call is that `limit`
+        self.idle_cpu: tuple[int, float] | None = None  # (serial, CPU s) at the first sweep since that request
 
 
 class SessionServer:
@@ -260,18 +263,32 @@ class SessionServer:
     def _strays(self, sess: Session) -> int:
         return cgroups.strays(self.limits.get("cgroups") or {}, sess.uid, sess.pid)
 
-    def _sweep_strays(self) -> None:
-        """A session whose processes run on between calls (started by a thread after its call returned) is ended
-        like a flooding one: its next call is that `limit`. Each session's group is read every STRAY_SWEEP_S."""
+    def _sweep_idle(self) -> None:
+        """Tool code has no business running between calls: a session whose processes run on (started by a thread
+        after its call returned), or whose process used more than IDLE_CPU_S of CPU (a thread left spinning), is
+        ended like a flooding one, and its next call is that `limit`. Every STRAY_SWEEP_S: each idle session's group
+        and its CPU clock (10 ms ticks)."""
         now = time.monotonic()
-        if now < self.next_sweep or not self.limits.get("cgroups"):
+        if now < self.next_sweep:
             return
         self.next_sweep = now + STRAY_SWEEP_S
         for sess in list(self.sessions.values()):
-            if sess.pending is None and sess.isolated and sess.sock is not None and (strays := self._strays(sess)):
+            if sess.pending is not None or not sess.isolated or sess.sock is None:
+                continue
+            if strays := self._strays(sess):
                 self._kill(sess)
                 sess.fault = (f"{_processes(strays)} the session started kept running between calls; the session "
                               "restarts from its initial state")
+                continue
+            used = policy.cpu_seconds(sess.pid)
+            if used is None:
+                continue
+            if sess.idle_cpu is None or sess.idle_cpu[0] != sess.serial:  # idle since a new request: counted from here
+                sess.idle_cpu = (sess.serial, used)
+            elif used - sess.idle_cpu[1] > IDLE_CPU_S:
+                self._kill(sess)
+                sess.fault = (f"the session used {used - sess.idle_cpu[1]:.2f} s of CPU between calls (tool code left "
+                              f"running; at most {IDLE_CPU_S:g} s); the session restarts from its initial state")
 
     def _channel_closed(self, sess: Session) -> None:
         """The channel closed: wait briefly for the exit status that says why."""
@@ -345,7 +362,10 @@ class SessionServer:
     def _next_timeout(self) -> float:
         while self.deadlines and self._stale(self.deadlines[0]):
             heapq.heappop(self.deadlines)
-        return max(0.0, min(self.deadlines[0][0] - time.monotonic(), 1.0)) if self.deadlines else 1.0
+        wake = min(self.deadlines[0][0], self.next_sweep) if self.deadlines else self.next_sweep
+        if not self.sessions:
+            wake = self.deadlines[0][0] if self.deadlines else time.monotonic() + 1.0
+        return max(0.0, min(wake - time.monotonic(), 1.0))  # at least once a second, and for each sweep
 
     def _expire(self) -> None:
         now = time.monotonic()
