@@ -115,7 +115,15 @@ class SandboxConfig(_Section):
         default=True,
         description="A cgroup per session where the worker is root on cgroup v1: memory_mb then also caps memory a "
                     "session holds outside its address space (memfd, pipes, tmpfs, kernel memory), pids its processes, "
-                    "and on Docker each session weighs as one process for the CPU however many it starts.",
+                    "and each session weighs as one process for the CPU however many it starts (process backend: "
+                    "inside a CPU group the flow's process moves into, where it is root).",
+    )
+    process_cpu_groups: bool = Field(
+        default=False,
+        description="Process backend, with session_cgroups, as root: a CPU group per session, inside a group the "
+                    "flow's process moves into while it has a pool, so each session weighs as one however many "
+                    "processes it runs. Measured: a neighbour's p99 beside a busy session 21-38x quiet instead of "
+                    "157-208x, at ~13% of bench sandbox's trivial calls/s. Docker always has them.",
     )
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
     session_cpu_share: float = Field(
@@ -126,8 +134,9 @@ class SandboxConfig(_Section):
     nice: int = Field(
         default=19, ge=0, le=19,
         description="Process backend: the nice value of workers and their sessions, which share the flow's "
-                    "autogroup, so where both want a core the flow's process (it keeps the model endpoints busy) gets "
-                    "it first. 0: equal footing. Docker containers are cgroups of their own, weighed as one group.",
+                    "autogroup (or, with session_cgroups, its CPU group), so where both want a core the flow's process "
+                    "(it keeps the model endpoints busy) gets it first. 0: equal footing. Docker containers are "
+                    "cgroups of their own, weighed as one group.",
     )
     output_limit_bytes: int = Field(
         default=65536, ge=256, description="Output kept per call (what the agent sees); the rest is cut with a marker."

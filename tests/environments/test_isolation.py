@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import os
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -332,12 +334,18 @@ def test_memory_held_outside_the_address_space_ends_that_session_only(small: Poo
     assert again == "ok"
 
 
-def test_busy_processes_of_a_session_leave_its_neighbour_a_share(small: PoolHandle) -> None:
+@pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def grouped(request: pytest.FixtureRequest):
+    """One worker whose sessions each have a CPU group: Docker's default, the process backend's opt-in."""
+    yield from start_pool(request.param, pool_size=1, process_cpu_groups=request.param == "process")
+
+
+def test_busy_processes_of_a_session_leave_its_neighbour_a_share(grouped: PoolHandle) -> None:
     """A session's busy processes, as many as its pids allow, made its neighbour's calls fail as `Overloaded`
     (issue 35): each process was weighed as one, so the neighbour got 1/30 of the worker's CPU. Each session is now one
     group, weighed as one: the neighbour's CPU-bound calls all finish while the attacker's call still runs."""
-    needs_cgroups(small, "cpu")
-    pool = small.pool
+    needs_cgroups(grouped, "cpu")
+    pool = grouped.pool
 
     async def scenario() -> tuple[ToolObservation, list[ToolObservation]]:
         a, b = await pool.open(probes_env()), await pool.open(probes_env())
@@ -349,7 +357,7 @@ def test_busy_processes_of_a_session_leave_its_neighbour_a_share(small: PoolHand
         await pool.close(b)
         return spin, calls, done_first
 
-    spin, calls, neighbour_first = small.run(scenario())
+    spin, calls, neighbour_first = grouped.run(scenario())
     assert neighbour_first  # the neighbour's calls ran beside the busy processes, not after them
     assert spin.outcome == "timeout", spin  # the attacker's own limit: the tool's
     assert [c.outcome for c in calls] == ["ok"] * 5, [c.error for c in calls if c.outcome != "ok"]
@@ -462,6 +470,8 @@ def test_a_session_gets_at_most_its_share_of_its_containers_cpu(small: PoolHandl
     neighbours and the worker included, for the rest of each period (issue 35: a neighbour's p99 at 50-100x quiet).
     Its group is capped at `session_cpu_share` (half) of the quota; extra load only lowers the share it measures."""
     needs_cgroups(small, "cpu")
+    if small.pool.backend == "process":
+        pytest.skip("optional: a host process has no container quota to exhaust, so its sessions get no cap")
     pool = small.pool
     container_cpus = pool.cfg.cpus
     assert pool.cfg.session_cpu_share == 0.5
@@ -515,6 +525,43 @@ def test_a_stopped_pool_leaves_no_cgroup_of_its_workers() -> None:
         handle.run(scenario())
         assert any(_cgroups_named(n) for n in names), names
     assert names and [n for n in names if _cgroups_named(n)] == []
+
+
+POOL_GROUP_PROBE = """
+import asyncio, json
+from arenaforge.environments.runtime import create_pool
+from tests.environments.conftest import sandbox_config
+
+def cpu_group():
+    return next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+                if "cpu" in line.split(":")[1].split(","))
+
+async def main():
+    before = cpu_group()
+    pool = await create_pool(sandbox_config("process", pool_size=2, process_cpu_groups=True))
+    during, info = cpu_group(), dict(pool.info)
+    await pool.shutdown()
+    print(json.dumps({"before": before, "during": during, "after": cpu_group(), "cgroups": info.get("cgroups", [])}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_pool_weighs_its_workers_in_a_cpu_group_of_its_own_and_leaves_none() -> None:
+    """On the host (`process_cpu_groups`), the pool's process moves into a CPU group of its own before it starts
+    workers, so its sessions' groups weigh against its own process, not as equals of every autogroup on the host; it
+    goes back, and the group goes, when the pool stops (a process of its own here, so no other pool keeps it in use)."""
+    done = subprocess.run([sys.executable, "-c", POOL_GROUP_PROBE], capture_output=True, text=True, check=False,
+                          cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    if "cpu" not in got["cgroups"]:
+        pytest.skip("optional: no CPU group per session here (not root, or no writable cpu hierarchy)")
+    name = os.path.basename(got["during"])
+    assert name.startswith("arenaforge-pool-")
+    assert os.path.dirname(got["during"]) == (got["before"].rstrip("/") or "/")  # made under its own group
+    assert got["after"] == got["before"]
+    assert _cgroups_named(name) == []  # with its workers' groups inside it
 
 
 def _cgroups_named(name: str) -> list[str]:

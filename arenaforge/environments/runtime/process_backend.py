@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import shutil
@@ -98,8 +99,7 @@ class ProcessLauncher:
     """Workers as local subprocesses: rlimits, per-session uids when root, a private network namespace where permitted."""
 
     backend = "process"
-    # CPU groups only inside a container: on the host a group of the worker's own would leave the pool's autogroup and
-    # weigh against it as an equal (`sandbox.nice` is how that is weighed there)
+    # CPU groups per session only inside this process's own group (`cgroups.enter_pool_group`, made in `prepare`)
     capabilities = Capabilities(isolates_model_code=False, isolates_network=False, runs_on_host=True,
                                 session_cpu_groups=False)
 
@@ -109,6 +109,7 @@ class ProcessLauncher:
         self.python = sys.executable
         self.setuid_ok = False
         self.hide_paths: list[str] = []
+        self.pool_group = ""
 
     async def prepare(self) -> None:
         # sessions make their (unguessably named) scratch dirs here only where private mounts are refused:
@@ -117,6 +118,9 @@ class ProcessLauncher:
         os.chmod(self.scratch_root, 0o1733)
         self.python, self.setuid_ok, stdlib = await asyncio.to_thread(_pick_python)
         self.hide_paths = _paths_to_hide(stdlib)
+        if self.cfg.session_cgroups and self.cfg.process_cpu_groups:
+            self.pool_group = cgroups.enter_pool_group()
+            self.capabilities = dataclasses.replace(self.capabilities, session_cpu_groups=bool(self.pool_group))
 
     @property
     def can_setuid(self) -> bool:
@@ -137,8 +141,9 @@ class ProcessLauncher:
             env=env,
             cwd=self.scratch_root,
             # a process group of its own (no Ctrl-C from the terminal; the pool stops it), in the pool's session: one
-            # autogroup with the pool's process, where `sandbox.nice` lets that process take a core first (a session of
-            # its own would be a group the kernel weighs as an equal). The worker gives up the terminal itself.
+            # autogroup with the pool's process (or its CPU group: `prepare`), where `sandbox.nice` lets that process
+            # take a core first (a session of its own would be a group the kernel weighs as an equal). The worker
+            # gives up the terminal itself.
             process_group=0,
             limit=STREAM_LIMIT,
         )
@@ -148,6 +153,9 @@ class ProcessLauncher:
     async def close(self) -> None:
         if self.scratch_root:
             shutil.rmtree(self.scratch_root, ignore_errors=True)
+        if self.pool_group:
+            self.pool_group = ""
+            cgroups.leave_pool_group()
 
 
 def _lower_priority(pid: int, nice: int) -> None:

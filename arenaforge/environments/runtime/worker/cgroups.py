@@ -257,6 +257,70 @@ def cleanup(bases: dict[str, str]) -> None:
 
 
 PREFIX = "arenaforge-worker-"
+POOL_PREFIX = "arenaforge-pool-"
+_pool_group: dict = {}  # this process's CPU group while a process-backend pool uses it: {"path", "home", "users"}
+
+
+def enter_pool_group() -> str:
+    """Process backend: move this process (the pool's: the flow) into a CPU group of its own, `arenaforge-pool-<pid>`,
+    weighed as this process was (`cpu.shares` at its nice value), before it starts workers; they inherit the group and
+    make their sessions' groups inside it. There each session weighs as one however many processes it runs, and the
+    workers, at `sandbox.nice`, still yield the CPU to this process, as they did in its autogroup. A group of the
+    workers' own beside it would weigh as an equal of every autogroup on the host (docs/SANDBOX.md). Returns the
+    group, or "" where it cannot be made (not root, no writable cpu hierarchy); pools of one process share it."""
+    if _pool_group:
+        _pool_group["users"] += 1
+        return _pool_group["path"]
+    if os.geteuid() != 0:
+        return ""
+    try:
+        mounts, own = _mounts(), _own_paths()
+        if "cpu" not in mounts or "cpu" not in own or not mounts["cpu"][2]:
+            return ""
+        home = _bases("", mounts, own, ("cpu",))["cpu"]
+        _remove_stale(home, POOL_PREFIX)
+        path = os.path.join(home, f"{POOL_PREFIX}{os.getpid()}")
+        os.makedirs(path, exist_ok=True)
+        _write(path, "cpu.shares", _weight())
+        _write(path, "cgroup.procs", os.getpid())
+    except OSError:
+        return ""
+    _pool_group.update(path=path, home=home, users=1)
+    return path
+
+
+def leave_pool_group() -> None:
+    """The last pool of this process is gone: back to the group it came from, and its group removed."""
+    if not _pool_group:
+        return
+    _pool_group["users"] -= 1
+    if _pool_group["users"] > 0:
+        return
+    path, home = _pool_group["path"], _pool_group["home"]
+    _pool_group.clear()
+    try:
+        _write(home, "cgroup.procs", os.getpid())
+    except OSError:
+        return
+    _remove_tree(path)
+
+
+def _remove_stale(home: str, prefix: str) -> None:
+    """Groups named `<prefix><pid>` whose process is gone (it died before it could remove them)."""
+    try:
+        stale = [e.path for e in os.scandir(home) if e.name.startswith(prefix) and not _alive(e.name[len(prefix):])]
+    except OSError:
+        return
+    for path in stale:
+        _remove_tree(path)
+
+
+def _remove_tree(path: str) -> None:
+    for parent, _, _ in sorted(os.walk(path), key=lambda walked: -len(walked[0])):  # deepest first
+        try:
+            os.rmdir(parent)
+        except OSError:
+            pass
 
 
 def _alive(pid: str) -> bool:
