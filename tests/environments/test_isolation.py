@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from arenaforge.benchmarks.isolation import ATTACKS_CODE, ATTACK_TOOLS
+from arenaforge.benchmarks.isolation import ATTACK_TOOLS, ATTACKS_CODE
 from arenaforge.environments.runtime import UntrustedCodeRefused, create_pool
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
@@ -372,7 +372,6 @@ def test_a_call_that_leaves_processes_running_is_the_tools_limit(small: PoolHand
 
     async def scenario() -> tuple[list[ToolObservation], int, list[ToolObservation]]:
         session = await pool.open(probes_env())
-        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
         left = await _calls(pool, session, ("write", {"path": "/tmp/state", "text": "S"}),
                             ("spinners", {"n": 3}), ("listdir", {"path": "/tmp"}))
         now = json.loads((await pool.call(session, "whoami", {})).output)["uid"]  # restarted: a uid of its own
@@ -551,8 +550,9 @@ def test_a_process_pool_weighs_its_workers_in_a_cpu_group_of_its_own_and_leaves_
     """On the host (`process_cpu_groups`), the pool's process moves into a CPU group of its own before it starts
     workers, so its sessions' groups weigh against its own process, not as equals of every autogroup on the host; it
     goes back, and the group goes, when the pool stops (a process of its own here, so no other pool keeps it in use)."""
+    root = Path(__file__).parents[2]
     done = subprocess.run([sys.executable, "-c", POOL_GROUP_PROBE], capture_output=True, text=True, check=False,
-                          cwd=Path(__file__).parents[2], env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     if "cpu" not in got["cgroups"]:
