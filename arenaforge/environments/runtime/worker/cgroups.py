@@ -247,13 +247,7 @@ def cleanup(bases: dict[str, str]) -> None:
     while not remove_all(bases) and time.monotonic() < deadline:
         time.sleep(0.05)  # the kernel is still taking down the worker's PID namespace
     for base in bases.values():
-        try:
-            stale = [e.path for e in os.scandir(os.path.dirname(base))
-                     if e.name.startswith(PREFIX) and not _alive(e.name[len(PREFIX):])]
-        except OSError:
-            continue
-        for path in stale:
-            remove_all({"": path})
+        _remove_stale(os.path.dirname(base), PREFIX)
 
 
 PREFIX = "arenaforge-worker-"

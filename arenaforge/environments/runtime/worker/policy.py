@@ -366,12 +366,18 @@ def kill_group(pid: int) -> None:
             pass
 
 
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/<pid>/stat after "pid (comm)", which may hold spaces: [0] the state, [11] + [12] user and
+    system clock ticks of all its threads."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return fh.read().rsplit(b")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float | None:
     """Seconds `pid` has spent on a CPU, all its threads together (schedstat counts the first thread only), or None
     where it is gone. Clock ticks: 10 ms."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+        fields = _stat(pid)
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     except (OSError, ValueError, IndexError):
         return None
@@ -380,8 +386,7 @@ def cpu_seconds(pid: int) -> float | None:
 def cpu_state(pid: int) -> tuple[float, str] | None:
     """(seconds `pid` has spent on a CPU, its scheduler state letter: R runnable, S sleeping, ...), or None."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rsplit(b")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+        fields = _stat(pid)
         state = fields[0].decode()
         try:
             with open(f"/proc/{pid}/schedstat", "rb") as fh:
