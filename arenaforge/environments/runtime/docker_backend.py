@@ -24,14 +24,16 @@ POOL_LABEL = "arenaforge.sandbox"
 class DockerTransport:
     """The worker's stdin/stdout through the engine's attach stream (stdout arrives in 8-byte-header frames)."""
 
-    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, raw: Any,
+    def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attach: Any,
                  engine: str = "") -> None:
         self.container = container
         self.engine = engine  # the engine's address ("" for the default one)
         self.name = f"docker-{container.short_id}"
         self.reader = reader
         self.writer = writer
-        self.raw = raw
+        # what docker-py's attach_socket returned, kept for as long as the worker lives: it holds the HTTP response
+        # whose garbage collection closes the socket (`attach_socket`)
+        self.attach = attach
         self.lines = bytearray()
         self.eof = False
         self.killed = False
@@ -79,6 +81,17 @@ class DockerTransport:
         except Exception:  # noqa: BLE001 - the socket may already be gone
             pass
         await asyncio.to_thread(_remove_container, self.container)
+
+
+def attach_socket(attach: Any) -> socket.socket:
+    """The socket under what docker-py's `attach_socket` returned (a SocketIO over a Unix socket).
+
+    Only the socket is used, but the caller must keep `attach` referenced for as long as it uses the socket: it holds
+    the HTTP response (`_response`), and when that response is garbage collected (a reference cycle: whenever the
+    collector runs) urllib3 closes its connection, which is this socket. Workers then lost their stream at random:
+    the engine saw the connection close and ended the worker's stdin (it exited 0), while the pool's reader, whose
+    file descriptor was closed under it, heard nothing and its calls waited out their deadline."""
+    return getattr(attach, "_sock", attach)
 
 
 def _remove_container(container: Any) -> None:
@@ -177,6 +190,9 @@ class DockerLauncher:
             # its own cgroup tree as root: the worker mounts it to give each session a group (worker/cgroups.py),
             # and sees nothing of the host's
             cgroupns="private",
+            # no log driver: the engine would otherwise write every reply line to a JSON file on the host for as
+            # long as the worker lives (nothing reads it: replies come through the attach stream)
+            log_config={"type": "none"},
         )
         created = api.create_container(
             image,
@@ -191,24 +207,24 @@ class DockerLauncher:
             host_config=host_config,
         )
         container = self.client.containers.get(created["Id"])
-        sock = api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
-        raw = getattr(sock, "_sock", sock)
+        attach = api.attach_socket(container.id, params={"stdin": 1, "stdout": 1, "stream": 1})
         api.start(container.id)
-        return container, raw
+        return container, attach
 
     async def launch(self, index: int, image: str | None = None) -> Transport:
         import docker.errors
         import requests
 
         try:
-            container, raw = await asyncio.to_thread(self._create, index, image or self.image)
+            container, attach = await asyncio.to_thread(self._create, index, image or self.image)
         except requests.exceptions.ConnectionError as err:
             raise EngineUnreachable(f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
         except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
             raise SandboxError(f"cannot start a sandbox container: {err}") from err
+        raw = attach_socket(attach)
         raw.setblocking(False)
         reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
-        return DockerTransport(container, reader, writer, raw, self.base_url or "")
+        return DockerTransport(container, reader, writer, attach, self.base_url or "")
 
     async def close(self) -> None:
         if self.client is not None:
