@@ -1,9 +1,8 @@
 """The sandbox policy of one session process, applied before any tool code runs; and its teardown.
 
 A session process starts as a root fork (of its template's zygote) and, in this order:
-  0. takes the default scheduling policy back from the worker's SCHED_BATCH, so its wake-ups preempt
-     (`wake_preempting`), and joins its own cgroup, where the worker has them (`cgroups`): memory, processes,
-     an equal CPU share and, inside a container, at most half of the container's CPU quota;
+  0. joins its own cgroup, where the worker has them (`cgroups`): memory, processes, an equal CPU share and,
+     inside a container, at most half of the container's CPU quota;
   1. leaves the worker's mount and IPC namespaces: a private tmpfs on /tmp, /dev/shm and /var/tmp,
      capped in size and in files (its scratch space, gone with it), host paths hidden on the process
      backend (its template's requirement directories bound back read-only under /tmp), no SysV/POSIX
@@ -91,19 +90,14 @@ def own_pid_namespace() -> None:
     libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 
 
-def batch_scheduling() -> None:
-    """SCHED_BATCH for the worker (its zygotes inherit it): a request written to it no longer preempts the writer.
-    Under the default policy each pipe write from the pool's event loop woke the worker onto the writer's core, and
-    the loop (which also keeps the model endpoints busy) lost the CPU mid-write. Sessions go back to the default
-    policy (`wake_preempting`)."""
-    _set_policy("SCHED_BATCH")
-
-
 def wake_preempting() -> None:
-    """The default policy for a session: a task under SCHED_BATCH never preempts on waking, so a session woken by
-    its call waited behind a busy neighbour's processes until the next tick or the end of their slice (up to
-    milliseconds per wake-up, a hundred times a trivial call). Under the default policy it preempts where its
-    group is owed the CPU (its own cgroup, an equal of the neighbour's: `cgroups`)."""
+    """The default policy for the worker (its zygotes and sessions inherit it), whatever the pool's process runs
+    under: a task woken under SCHED_BATCH never preempts the one running, so every hop of a call (the worker woken by
+    the pool's request and by its session's reply, the session woken by its request) waited behind a neighbour's busy
+    processes for the next tick, 4 ms here. Under the default policy a woken task preempts where its group is owed
+    the CPU (a session's own cgroup is an equal of its neighbour's: `cgroups`). The flow's process still comes
+    first on the process backend: workers run at `sandbox.nice`, and a task of low weight does not preempt on waking
+    one of higher weight."""
     _set_policy("SCHED_OTHER")
 
 
@@ -283,7 +277,6 @@ def isolate(uid: int, limits: dict, scratch: str, shared: list[str] | tuple = ()
     """Apply steps 1-5 of the module docstring to this (session) process; returns where it sees the read-only
     directories `shared` (its template's installed requirements)."""
     seen = list(shared)
-    wake_preempting()
     if uid and limits.get("cgroups"):  # while still root: the groups are root's to make
         cgroups.join(limits["cgroups"], uid, int(limits["memory_mb"]), int(limits["pids"]),
                      int(limits["session_cpu_quota_us"]))

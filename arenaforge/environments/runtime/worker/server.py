@@ -337,7 +337,7 @@ def main() -> None:
     policy.leave_terminal()
     group = f"{cgroups.PREFIX}{os.getpid()}"  # the pid the pool knows (outside the PID namespace): unique on the host
     policy.own_pid_namespace()
-    policy.batch_scheduling()
+    policy.wake_preempting()
     policy.become_subreaper()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     Server(group).run()
