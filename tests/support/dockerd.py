@@ -37,8 +37,8 @@ class SecondEngine:
 
 @contextlib.contextmanager
 def second_dockerd() -> Iterator[SecondEngine]:
-    """Start `dockerd` on a socket of its own and wait until it answers; on exit remove its containers, mounts
-    and directories."""
+    """Start `dockerd` on a socket of its own and wait until it answers; on exit remove its containers, mounts,
+    directories and cgroups (its containers' groups are under a parent group of its own)."""
     if os.geteuid() != 0 or shutil.which("dockerd") is None:
         skip_or_fail("a second Docker engine needs root and dockerd")
     root = Path(tempfile.mkdtemp(prefix="af-dockerd-", dir="/tmp"))  # short: a unix socket path has 107 bytes
@@ -46,7 +46,8 @@ def second_dockerd() -> Iterator[SecondEngine]:
     log = (root / "dockerd.log").open("wb")
     proc = subprocess.Popen(
         ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false", "--host", url,
-         "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid")],
+         "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
+         "--cgroup-parent", f"/{root.name}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     engine = SecondEngine(url, root, proc)
@@ -101,3 +102,34 @@ def _remove_leftovers(root: Path) -> None:
     for mount in sorted((m for m in mounts if m.startswith(str(root))), reverse=True):
         subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
     shutil.rmtree(root, ignore_errors=True)
+    # With its engine killed nothing removes a container's cgroups (the worker's and its sessions' groups inside
+    # them): each stayed on the host, holding kernel memory, until it rebooted.
+    for hierarchy in _cgroup_hierarchies():
+        _remove_cgroup(hierarchy / root.name)
+
+
+def _cgroup_hierarchies() -> set[Path]:
+    """Where each cgroup hierarchy's root is mounted (v1, and v2 beside it or alone)."""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        head, _, tail = line.partition(" - ")
+        fields, fstype = head.split(), tail.split()[:1]
+        if fstype in (["cgroup"], ["cgroup2"]) and fields[3] == "/":
+            found.add(Path(fields[4]))
+    return found
+
+
+def _remove_cgroup(top: Path) -> None:
+    """Remove `top` and the groups inside it, innermost first, once the processes killed in them have exited."""
+    deadline = time.monotonic() + START_DEADLINE_S
+    for where, _, _ in sorted(os.walk(top), key=lambda entry: -entry[0].count("/")):
+        while True:
+            try:
+                os.rmdir(where)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # EBUSY: a process killed above has not exited yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)  # polling the condition (the group is empty), not a timed wait
