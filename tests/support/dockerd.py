@@ -47,7 +47,9 @@ def second_dockerd() -> Iterator[SecondEngine]:
     proc = subprocess.Popen(
         ["dockerd", "--bridge=none", "--iptables=false", "--ip6tables=false", "--host", url,
          "--data-root", str(root / "data"), "--exec-root", str(root / "exec"), "--pidfile", str(root / "docker.pid"),
-         "--cgroup-parent", f"/{root.name}"],
+         # its containers' groups under a parent of its own (a path: the cgroupfs driver, whatever the host's
+         # daemon.json says), so that what it leaves when it is killed can be found and removed
+         "--exec-opt", "native.cgroupdriver=cgroupfs", "--cgroup-parent", f"/{root.name}"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     engine = SecondEngine(url, root, proc)
