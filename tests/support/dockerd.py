@@ -124,7 +124,7 @@ def _cgroup_hierarchies() -> set[Path]:
 def _remove_cgroup(top: Path) -> None:
     """Remove `top` and the groups inside it, innermost first, once the processes killed in them have exited."""
     deadline = time.monotonic() + START_DEADLINE_S
-    for where, _, _ in sorted(os.walk(top), key=lambda entry: -entry[0].count("/")):
+    for where, _, _ in os.walk(top, topdown=False):  # a group before the one holding it
         while True:
             try:
                 os.rmdir(where)
