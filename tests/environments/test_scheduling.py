@@ -1,4 +1,5 @@
-"""Sandbox workers, their zygotes and sessions run under the default policy, whatever the pool's process runs under, so
+"""A session whose call runs long weighs less among its worker's sessions until it answers (`cgroups.weigh`). Sandbox
+workers, their zygotes and sessions run under the default policy, whatever the pool's process runs under, so
 each hop of a call (worker, session) preempts a neighbour's busy processes on waking (`worker.policy.wake_preempting`;
 under SCHED_BATCH each waited for the next tick); and, on the process backend, the nice value `sandbox.nice`, weighed
 in the pool's own autogroup, so the pool's process comes first: its workers stay in the pool's session and give up its
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -75,6 +77,76 @@ def test_a_process_session_runs_at_the_configured_nice_value_in_the_pools_autogr
         with open("/proc/self/autogroup") as fh:
             assert got["autogroup"] == fh.read().split(" nice ")[0]
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # the pool's own process keeps its priority
+
+
+HOLD = Environment(
+    name="hold", tools=[FunctionDoc(name="hold", description="Wait for SIGUSR1; say who waited.")],
+    code=textwrap.dedent("""
+        import os, signal
+
+        def hold():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            signal.sigwait({signal.SIGUSR1})
+            return str(os.getuid())
+        """))
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_long_call_weighs_less_among_its_workers_sessions_until_it_answers(backend: str) -> None:
+    """Its neighbours' short calls, and the worker relaying them, then preempt its processes on waking rather than
+    wait for the next tick (docs/SANDBOX.md, Scheduling). Watched from the host: the session's own cpu group."""
+    if os.geteuid() != 0:
+        pytest.skip("session CPU groups need a root worker")
+    if backend == "docker":
+        require_docker()
+
+    async def scenario() -> tuple[int, list[int]]:
+        cfg = SandboxConfig(backend=backend, pool_size=1, process_cpu_groups=True)  # type: ignore[arg-type]
+        async with await create_pool(cfg) as pool:
+            session = await pool.open(HOLD)
+            if "cpu" not in session.worker.info.get("cgroups", []):
+                pytest.skip(f"no session CPU groups here: {session.worker.info.get('cgroups_missing')}")
+            # the session, found from the host by its worker's group (other tests' sessions run too; every Docker
+            # worker names its group after its pid in the container, 1, so its container's id tells them apart)
+            container = getattr(session.worker.transport, "container", None)
+            group = f"{container.id if container else ''}/{session.worker.info['cgroup_name']}/u"
+            call = asyncio.create_task(pool.call(session, "hold", {}, timeout_s=60))
+            pid = 0
+            while not pid and not call.done():
+                await asyncio.sleep(0.01)
+                pid = next((int(p) for p in os.listdir("/proc") if p.isdigit() and group in _cpu_group(p)), 0)
+            shares = f"/sys/fs/cgroup/cpu{_cpu_group(str(pid))}/cpu.shares"
+            before = int(_read(os.path.join(os.path.dirname(os.path.dirname(shares)), "cpu.shares")))  # its worker's
+            while (during := int(_read(shares) or 0)) != max(2, before // 8) and not call.done():
+                await asyncio.sleep(0.01)  # in flight past `YIELD_AFTER_S` (or its 60 s limit: the asserts say so)
+            if not call.done():
+                os.kill(pid, signal.SIGUSR1)
+            obs = await call
+            assert obs.outcome == "ok", obs  # not its time limit: it weighed less while it waited
+            after = int(_read(shares))
+            await pool.close(session)
+            return int(obs.output), [before, during, after]
+
+    uid, (before, during, after) = asyncio.run(scenario())
+    assert uid > 0  # a session of its own uid, so its own group
+    assert during < before  # lighter while its call runs
+    assert after == before  # answered: it weighs as its worker, and its neighbours, again
+
+
+def _cpu_group(pid: str) -> str:
+    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    return ""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 TTY = Environment(

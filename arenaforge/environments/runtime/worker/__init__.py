@@ -10,7 +10,8 @@ gets a zygote holding the parsed state, and each session is a process forked fro
     deadlines.py  whose fault a late reply is: the tool's (timeout) or the machine's (overloaded)
     zygote.py     one per loaded environment version: parse once, fork sessions
     policy.py     what confines a session process (namespaces, uid, rlimits, seccomp) and its teardown
-    cgroups.py    a cgroup per session: memory (memfd and tmpfs included), processes, an equal CPU share
+    cgroups.py    a cgroup per session: memory (memfd and tmpfs included), processes, a CPU share (less for a
+                  session whose call runs long)
     execution.py  tool code inside a session: load, call, render observations
 
 Run it as `python -I -S -c "<BOOT>"` (see `runtime.image.worker_argv`): `-I` leaves the script's

@@ -1,4 +1,4 @@
-"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, an equal CPU share and a CPU cap.
+"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, a CPU share and a CPU cap.
 
 rlimits bound one process's address space and one uid's process count; they do not see pages a session keeps in a
 `memfd` or a pipe, and they give a session with 64 busy processes 64 shares of the CPU against its neighbour's one.
@@ -26,6 +26,11 @@ NICE_WEIGHT = (88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11
                3121, 2501, 1991, 1586, 1277, 1024, 820, 655, 526, 423, 335, 272, 215, 172, 137, 110, 87, 70, 56, 45,
                36, 29, 23, 18, 15)
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+# a session whose request has run `sessions.YIELD_AFTER_S` weighs this much less than one that answers at once: its
+# neighbours' short calls, and the worker relaying them, are then owed the CPU when they wake, and preempt it (the
+# fair scheduler lets a woken task preempt only a task that has had more than its share; at equal weights, one that
+# has just run a burst has not, and waits for the next tick, 4 ms here: docs/SANDBOX.md, Scheduling)
+YIELD_DIVISOR = 8
 
 
 def _mounts() -> dict[str, tuple[str, str, bool]]:
@@ -142,6 +147,19 @@ def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int, cpu_quota_u
                 _write(group, "cpu.cfs_period_us", PERIOD_US)
                 _write(group, "cpu.cfs_quota_us", cpu_quota_us)
         _write(group, "cgroup.procs", os.getpid())
+
+
+def weigh(bases: dict[str, str], uid: int, yielding: bool) -> None:
+    """Set a session's CPU weight: its worker's (as `join` made it), or a `YIELD_DIVISOR`th of it while its request
+    runs long. Only its place among its worker's sessions changes: the worker's group weighs as before against the
+    flow and the rest of the machine, so nothing outside starves it. A group already gone is left so."""
+    base = bases.get("cpu")
+    if not base or not uid:
+        return
+    try:
+        _write(os.path.join(base, f"u{uid}"), "cpu.shares", max(2, _weight() // YIELD_DIVISOR) if yielding else _weight())
+    except OSError:
+        pass
 
 
 def strays(bases: dict[str, str], uid: int, pid: int) -> int:

@@ -22,6 +22,7 @@ from .deadlines import RequestClock
 from .execution import STATE_TOOL
 from .protocol import encode, session_reply
 
+YIELD_AFTER_S = 0.005  # a request in flight this long weighs less among its worker's sessions (`cgroups.weigh`)
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
 STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes, or CPU use, between calls
 IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thread left running), its `limit`. Not
@@ -31,7 +32,7 @@ IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thr
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
                  "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching",
-                 "stray", "fault", "idle_cpu")
+                 "stray", "fault", "idle_cpu", "yielding")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -50,6 +51,7 @@ class Session:
         self.stray = 0  # bytes of lines that were not the reply, since the last request was sent
         self.fault = ""  # tool code ended the process between calls (a flood): the next call is that `limit`
         self.idle_cpu: tuple[int, float] | None = None  # (serial, CPU s) at the first sweep since that request
+        self.yielding = False  # its request has run `YIELD_AFTER_S`: its group weighs less until it answers
 
 
 class SessionServer:
@@ -66,6 +68,7 @@ class SessionServer:
         self.uids_used: set[int] = set()
         self.is_root = os.geteuid() == 0
         self.deadlines: list[tuple] = []
+        self.yields: list[tuple] = []  # (when, tick, serial, session): when a request still in flight weighs less
         self.ticks = itertools.count()
         self.serials = itertools.count(1)
         self.next_sweep = 0.0
@@ -244,6 +247,7 @@ class SessionServer:
                 self._tool_fault(sess, f"the call returned while {_processes(strays)} it started kept running",
                                  "limit")
                 return
+            self._weigh(sess, False)
             self.reply({"id": req["id"], **msg})
         elif "ready" not in msg:
             sess.pending = req
@@ -349,6 +353,25 @@ class SessionServer:
         sess.pending, sess.serial, sess.stray = req, next(self.serials), 0
         sess.clock = RequestClock(budget, time.monotonic(), cpu_only)
         self._check_at(sess, sess.clock.first_check())
+        self._weigh(sess, False)
+        heapq.heappush(self.yields, (sess.clock.started + YIELD_AFTER_S, next(self.ticks), sess.serial, sess))
+
+    def _weigh(self, sess: Session, yielding: bool) -> None:
+        """A session's weight among its worker's sessions; a cgroup write only when it changes (a call answered
+        within `YIELD_AFTER_S`, nearly all of them, costs none)."""
+        if sess.yielding != yielding:
+            sess.yielding = yielding
+            cgroups.weigh(self.limits.get("cgroups") or {}, sess.uid, yielding)
+
+    def _yield_long_requests(self, now: float) -> None:
+        while self.yields and self.yields[0][0] <= now:
+            entry = heapq.heappop(self.yields)
+            if not self._answered_since(entry):
+                self._weigh(entry[3], True)
+
+    def _answered_since(self, entry: tuple) -> bool:
+        _, _, serial, sess = entry
+        return sess.pending is None or sess.serial != serial or self.sessions.get(sess.sid) is not sess
 
     def _check_at(self, sess: Session, when: float) -> None:
         sess.deadline = when
@@ -365,10 +388,15 @@ class SessionServer:
         wake = min(self.deadlines[0][0], self.next_sweep) if self.deadlines else self.next_sweep
         if not self.sessions:
             wake = self.deadlines[0][0] if self.deadlines else time.monotonic() + 1.0
+        while self.yields and self._answered_since(self.yields[0]):
+            heapq.heappop(self.yields)
+        if self.yields:
+            wake = min(wake, self.yields[0][0])
         return max(0.0, min(wake - time.monotonic(), 1.0))  # at least once a second, and for each sweep
 
     def _expire(self) -> None:
         now = time.monotonic()
+        self._yield_long_requests(now)
         while self.deadlines and self.deadlines[0][0] <= now:
             entry = heapq.heappop(self.deadlines)
             if self._stale(entry):
