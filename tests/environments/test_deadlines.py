@@ -22,6 +22,7 @@ from arenaforge.schemas.errors import FailureKind
 from arenaforge.schemas.models import ToolObservation
 from tests.environments.conftest import PoolHandle, frozen, start_pool
 from tests.environments.toolsets import adversarial_env, retail_functions_env
+from tests.support.procfs import read_or_empty
 
 
 @pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
@@ -178,8 +179,8 @@ async def _hog_on_cpu0(worker, session_pid: int, uid: int):
     # nice values only weigh within one autogroup: where the session has one of its own, lower it too (the process
     # backend's workers share the pool's, where the session's nice value already weighs against the hog)
     autogroup = f"/proc/{session_pid}/autogroup"
-    before = _read(autogroup) if container is None else ""
-    lowered = bool(before) and before.split(" nice ")[0] != _read("/proc/self/autogroup").split(" nice ")[0]
+    before = read_or_empty(autogroup) if container is None else ""
+    lowered = bool(before) and before.split(" nice ")[0] != read_or_empty("/proc/self/autogroup").split(" nice ")[0]
     if lowered:
         with open(autogroup, "w") as fh:
             fh.write("19")
@@ -206,14 +207,6 @@ async def _hog_on_cpu0(worker, session_pid: int, uid: int):
         if lowered:  # the session may be gone by now (a timed-out call's session is killed): nothing to restore
             with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(autogroup, "w") as fh:
                 fh.write(before.split(" nice ")[1])
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 def _owner(pid: str) -> int:

@@ -21,6 +21,7 @@ import pytest
 from arenaforge.environments.runtime import create_pool
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment, FunctionDoc
+from tests.support.procfs import read_or_empty
 from tests.support.requirements import require_docker
 
 POLICY = Environment(
@@ -116,14 +117,15 @@ def test_a_long_call_weighs_less_among_its_workers_sessions_until_it_answers(bac
                 await asyncio.sleep(0.01)
                 pid = next((int(p) for p in os.listdir("/proc") if p.isdigit() and group in _cpu_group(p)), 0)
             shares = f"/sys/fs/cgroup/cpu{_cpu_group(str(pid))}/cpu.shares"
-            before = int(_read(os.path.join(os.path.dirname(os.path.dirname(shares)), "cpu.shares")))  # its worker's
-            while (during := int(_read(shares) or 0)) != max(2, before // 8) and not call.done():
+            worker_shares = os.path.join(os.path.dirname(os.path.dirname(shares)), "cpu.shares")
+            before = int(read_or_empty(worker_shares))  # its worker's weight
+            while (during := int(read_or_empty(shares) or 0)) != max(2, before // 8) and not call.done():
                 await asyncio.sleep(0.01)  # in flight past `YIELD_AFTER_S` (or its 60 s limit: the asserts say so)
             if not call.done():
                 os.kill(pid, signal.SIGUSR1)
             obs = await call
             assert obs.outcome == "ok", obs  # not its time limit: it weighed less while it waited
-            after = int(_read(shares))
+            after = int(read_or_empty(shares))
             await pool.close(session)
             return int(obs.output), [before, during, after]
 
@@ -134,19 +136,11 @@ def test_a_long_call_weighs_less_among_its_workers_sessions_until_it_answers(bac
 
 
 def _cpu_group(pid: str) -> str:
-    for line in _read(f"/proc/{pid}/cgroup").splitlines():
+    for line in read_or_empty(f"/proc/{pid}/cgroup").splitlines():
         _, controllers, path = line.split(":", 2)
         if "cpu" in controllers.split(","):
             return path
     return ""
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
 
 
 TTY = Environment(
