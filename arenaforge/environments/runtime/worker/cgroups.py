@@ -156,8 +156,9 @@ def weigh(bases: dict[str, str], uid: int, yielding: bool) -> None:
     base = bases.get("cpu")
     if not base or not uid:
         return
+    weight = max(2, _weight() // YIELD_DIVISOR) if yielding else _weight()
     try:
-        _write(os.path.join(base, f"u{uid}"), "cpu.shares", max(2, _weight() // YIELD_DIVISOR) if yielding else _weight())
+        _write(os.path.join(base, f"u{uid}"), "cpu.shares", weight)
     except OSError:
         pass
 
