@@ -146,7 +146,7 @@ def test_a_starved_call_is_overloaded_and_a_long_one_is_a_timeout(one_worker: Po
         pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == uid)
         os.sched_setaffinity(pid, {0})
         os.setpriority(os.PRIO_PROCESS, pid, 19)
-        async with _hog_on_cpu0(session.worker, pid, uid):
+        async with _hog_on_cpu0(session.worker, pid):
             try:
                 starved: BaseException | ToolObservation = await pool.call(session, "burn", {"seconds": 0.3}, timeout_s=0.5)
             except EnvironmentFailure as err:
@@ -164,18 +164,17 @@ HOG = "import os\nos.sched_setaffinity(0, {0})\nwhile True: pass  # arenaforge-t
 
 
 @contextlib.asynccontextmanager
-async def _hog_on_cpu0(worker, session_pid: int, uid: int):
+async def _hog_on_cpu0(worker, session_pid: int):
     """A busy loop on CPU 0 beside the session (in the container, or here), which weighs next to nothing."""
     container = getattr(worker.transport, "container", None)
-    restore = ""
+    hog_argv = ["/usr/bin/python3", "-c", HOG]
     if container is not None and "cpu" in worker.info.get("cgroups", []):
-        # a session in a CPU group of its own weighs as its group (and the worker's, above it) does, whatever its nice
-        # value: make both weigh the least
-        group = f"/tmp/.arenaforge-cgroup-cpu/{worker.info['cgroup_name']}"
-        lower = f"cat {group}/cpu.shares && echo 2 > {group}/cpu.shares && echo 2 > {group}/u{uid}/cpu.shares"
-        done = await asyncio.to_thread(container.exec_run, ["/bin/sh", "-c", lower])
-        assert done.exit_code == 0, done.output
-        restore = f"echo {int(done.output)} > {group}/cpu.shares"  # the worker serves the module's other tests
+        # a session in a CPU group of its own (beside its worker, in the container's) weighs as its group does,
+        # whatever its nice value, and the worker sets that weight during a call (`cgroups.weigh`): the hog gets a
+        # group of its own that weighs the most
+        group = "/tmp/.arenaforge-cgroup-cpu/test-hog"
+        enter = f"mkdir -p {group} && echo 262144 > {group}/cpu.shares && echo $$ > {group}/cgroup.procs"
+        hog_argv = ["/bin/sh", "-c", f"{enter} && exec /usr/bin/python3 -c '{HOG}'"]
     # nice values only weigh within one autogroup: where the session has one of its own, lower it too (the process
     # backend's workers share the pool's, where the session's nice value already weighs against the hog)
     autogroup = f"/proc/{session_pid}/autogroup"
@@ -188,7 +187,7 @@ async def _hog_on_cpu0(worker, session_pid: int, uid: int):
         hog = subprocess.Popen([sys.executable, "-c", HOG])
         pids = [hog.pid]
     else:
-        await asyncio.to_thread(container.exec_run, ["/usr/bin/python3", "-c", HOG], detach=True)
+        await asyncio.to_thread(container.exec_run, hog_argv, detach=True)
         pids = []
     while not pids or _cpu_s(pids[0]) < 0.05:  # wait until the hog is up and spinning
         pids = pids or [int(p) for p in os.listdir("/proc") if p.isdigit()
@@ -202,8 +201,6 @@ async def _hog_on_cpu0(worker, session_pid: int, uid: int):
                 os.kill(pid, signal.SIGKILL)
         if container is None:
             hog.wait()
-        elif restore:
-            await asyncio.to_thread(container.exec_run, ["/bin/sh", "-c", restore])
         if lowered:  # the session may be gone by now (a timed-out call's session is killed): nothing to restore
             with contextlib.suppress(FileNotFoundError, ProcessLookupError), open(autogroup, "w") as fh:
                 fh.write(before.split(" nice ")[1])

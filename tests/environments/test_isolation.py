@@ -565,10 +565,12 @@ def test_a_process_pool_weighs_its_workers_in_a_cpu_group_of_its_own_and_leaves_
 
 
 def _cgroups_named(name: str) -> list[str]:
+    """Groups named `name`, and sessions' CPU groups named after it (`<worker group>-u<uid>`, beside their worker)."""
     found = []
     for root in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu"):
         for parent, dirs, _ in os.walk(root):
-            found += [os.path.join(parent, d) for d in dirs if d == name]
+            found += [os.path.join(parent, d) for d in dirs
+                      if d == name or d.endswith(f"-{name}") or d.startswith(f"{name}-u")]
     return found
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from arenaforge.environments.runtime import create_pool
+from arenaforge.environments.runtime.worker.cgroups import NICE_WEIGHT
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment, FunctionDoc
 from tests.support.procfs import read_or_empty
@@ -107,18 +108,18 @@ def test_a_long_call_weighs_less_among_its_workers_sessions_until_it_answers(bac
             session = await pool.open(HOLD)
             if "cpu" not in session.worker.info.get("cgroups", []):
                 pytest.skip(f"no session CPU groups here: {session.worker.info.get('cgroups_missing')}")
-            # the session, found from the host by its worker's group (other tests' sessions run too; every Docker
-            # worker names its group after its pid in the container, 1, so its container's id tells them apart)
+            # the session, found from the host by its CPU group, named after its worker's beside it (other tests'
+            # sessions run too; every Docker worker names its group after its pid in the container, 1, so its
+            # container's id tells them apart)
             container = getattr(session.worker.transport, "container", None)
-            group = f"{container.id if container else ''}/{session.worker.info['cgroup_name']}/u"
+            group = f"{container.id if container else ''}/{session.worker.info['cgroup_name']}-u"
             call = asyncio.create_task(pool.call(session, "hold", {}, timeout_s=60))
             pid = 0
             while not pid and not call.done():
                 await asyncio.sleep(0.01)
                 pid = next((int(p) for p in os.listdir("/proc") if p.isdigit() and group in _cpu_group(p)), 0)
             shares = f"/sys/fs/cgroup/cpu{_cpu_group(str(pid))}/cpu.shares"
-            worker_shares = os.path.join(os.path.dirname(os.path.dirname(shares)), "cpu.shares")
-            before = int(read_or_empty(worker_shares))  # its worker's weight
+            before = NICE_WEIGHT[int(read_or_empty(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[16]) + 20]
             while (during := int(read_or_empty(shares) or 0)) != max(2, before // 8) and not call.done():
                 await asyncio.sleep(0.01)  # in flight past `YIELD_AFTER_S` (or its 60 s limit: the asserts say so)
             if not call.done():
@@ -159,6 +160,7 @@ TTY = Environment(
 FLOW = """
 import asyncio, os, sys
 from arenaforge.environments.runtime import create_pool
+from arenaforge.environments.runtime.worker.cgroups import NICE_WEIGHT
 from arenaforge.schemas.config import SandboxConfig
 from tests.environments.test_scheduling import TTY
 
