@@ -119,11 +119,12 @@ class SandboxConfig(_Section):
                     "inside a CPU group the flow's process moves into, where it is root).",
     )
     process_cpu_groups: bool = Field(
-        default=False,
+        default=True,
         description="Process backend, with session_cgroups, as root: a CPU group per session, inside a group the "
                     "flow's process moves into while it has a pool, so each session weighs as one however many "
-                    "processes it runs. Measured: a neighbour's p99 beside a busy session 21-38x quiet instead of "
-                    "157-208x, at ~13% of bench sandbox's trivial calls/s. Docker always has them.",
+                    "processes it runs, and a call running long weighs less than its neighbours' (docs/SANDBOX.md). "
+                    "Off: sessions weigh as processes in the flow's autogroup, and a session's busy processes outweigh "
+                    "its neighbour (p99 over 100x quiet). Docker always has them.",
     )
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
     session_cpu_share: float = Field(
