@@ -5,8 +5,8 @@ rlimits bound one process's address space and one uid's process count; they do n
 A cgroup counts all of it: the worker makes a group of its own for memory and pids (`setup`), each session process
 joins `<group>/u<uid>` while it is still root (`join`), and the worker removes that group once the uid's processes are
 gone (`remove`). A session's CPU group is `<group>-u<uid>` instead, beside the worker rather than inside a group of
-its own: every level of CPU groups costs the scheduler on each wake-up, and a worker's level let the sessions of
-different workers preempt each other (`_session_group`). A session past `memory.limit_in_bytes` is killed by the
+its own: every level of CPU groups costs the scheduler on each wake-up, and with a worker's level between, sessions
+preempted each other ten times as often (`_session_group`). A session past `memory.limit_in_bytes` is killed by the
 kernel inside its own group, never a neighbour; the worker reads `memory.oom_control` to say so (`oom_killed`).
 
 cgroup v1 only (the hosts this runs on have it; on a v2 host `setup` says why not and sessions keep their rlimits).
@@ -238,8 +238,8 @@ def remove_all(bases: dict[str, str]) -> bool:
 def _session_group(bases: dict[str, str], controller: str, uid: int) -> str:
     """A session's group: inside its worker's (`<group>/u<uid>`), or for the CPU beside it (`<group>-u<uid>`), so a
     session weighs as one process among its worker and the other workers' sessions, as processes without groups do.
-    Measured at 64 sessions on 4 process-backend workers: a worker level between made 7,400 sessions preempt each
-    other per 2 s against 700 flat, and cost 4-8% of `bench sandbox`'s calls/s."""
+    Measured at 64 sessions on 4 process-backend workers: with a worker level between, sessions preempted each other
+    7,400 times in 2 s against 700 flat; Docker's `bench sandbox` calls/s @64 went up 1.27x flat (docs/SANDBOX.md)."""
     base = bases[controller]
     return f"{base}-u{uid}" if controller == "cpu" else os.path.join(base, f"u{uid}")
 
