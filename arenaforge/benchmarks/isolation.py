@@ -160,7 +160,8 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int) -> dict[str, Any]:
 
 
 async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".join(ATTACKS),
-               session_cgroups: bool = True, process_cpu_groups: bool = True) -> dict[str, Any]:
+               session_cgroups: bool = True, process_cpu_groups: bool = True,
+               docker_socket_channel: bool = True) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:
@@ -171,17 +172,19 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
         session_cgroups: A cgroup per session (off: as before issue 35's groups).
         process_cpu_groups: Process backend: a CPU group per session too (`sandbox.process_cpu_groups`; off: as
             before it was on by default).
+        docker_socket_channel: Docker: calls over the pool's socket in the container (`sandbox.docker_socket_channel`;
+            off: through the engine's attach stream, as before).
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     unknown = sorted(set(chosen) - set(ATTACKS))
     if unknown:
         raise InputError(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(ATTACKS)}")
     cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups,
-                        process_cpu_groups=process_cpu_groups)
+                        process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel)
     results = {attack: await _one(cfg, attack, calls) for attack in chosen}
     return {
         "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
-        "process_cpu_groups": process_cpu_groups,
+        "process_cpu_groups": process_cpu_groups, "docker_socket_channel": docker_socket_channel,
         "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
         "attacks": results,
         "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),

@@ -1,4 +1,8 @@
-"""A Docker worker's stream lives as long as its worker, whenever the garbage collector runs.
+"""A Docker worker's stream: over the pool's own socket where the engine is local, and alive as long as its worker.
+
+Where the engine runs on this host, the pool listens on a Unix socket in a directory bind-mounted into the worker's
+container, and the worker makes that socket its stdin and stdout: no call passes through dockerd and the shim. A
+worker that cannot reach it says so and the pool keeps the attach stream, which is also the stream of the tests below.
 
 docker-py's `attach_socket` returns a wrapper that holds the HTTP response of the attach request. The pool used to keep
 only the socket under it, so the response (in a reference cycle) was collected at whatever moment the collector next
@@ -13,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 
 import pytest
 
-from arenaforge.environments.runtime import create_pool
+from arenaforge.environments.runtime import create_pool, docker_backend
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.models import Environment, FunctionDoc
 from tests.support.requirements import require_docker
@@ -45,3 +50,53 @@ def test_every_worker_of_a_docker_pool_still_answers_after_a_garbage_collection(
 
     rounds = asyncio.run(scenario())
     assert all(outcome.startswith("ok:") for answers in rounds for outcome in answers), rounds
+
+
+def _worker_stdio(transport) -> tuple[str, str]:
+    """What the worker's stdin and stdout are, read from the host: `socket:[...]` or `pipe:[...]`."""
+    transport.container.reload()
+    pid = transport.container.attrs["State"]["Pid"]
+    return os.readlink(f"/proc/{pid}/fd/0"), os.readlink(f"/proc/{pid}/fd/1")
+
+
+async def _echo_through_each_worker(cfg: SandboxConfig) -> list[tuple[str, str, str, bool]]:
+    """Per worker: its stdin, its stdout, an echo's answer, and whether its channel directory is still on the host."""
+    async with await create_pool(cfg) as pool:
+        sessions = await asyncio.gather(*(pool.open(ECHO) for _ in range(2 * cfg.pool_size)))
+        assert len({s.worker.index for s in sessions}) == cfg.pool_size
+        seen = []
+        for session in sessions[: cfg.pool_size]:
+            obs = await pool.call(session, "echo", {"text": session.id})
+            transport = session.worker.transport
+            sources = [m["Source"] for m in transport.container.attrs["Mounts"] if m["Type"] == "bind"]
+            seen.append((*_worker_stdio(transport), obs.output, any(os.path.exists(s) for s in sources)))
+            assert obs.output == session.id, obs
+        return seen
+
+
+@pytest.mark.docker
+def test_a_docker_worker_talks_over_the_pools_socket_and_leaves_no_directory_behind() -> None:
+    require_docker()
+    direct = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=2, spare_sessions=0)))
+    attached = asyncio.run(_echo_through_each_worker(
+        SandboxConfig(backend="docker", pool_size=2, spare_sessions=0, docker_socket_channel=False)))
+    assert all(i.startswith("socket:") and o == i and not left for i, o, _, left in direct), direct
+    # the attach stream: the engine's pipes, as before (the setting is what decides, not the image)
+    assert all(i.startswith("pipe:") and o.startswith("pipe:") for i, o, _, _ in attached), attached
+
+
+@pytest.mark.docker
+def test_a_worker_that_cannot_reach_the_pools_socket_falls_back_to_the_attach_stream(monkeypatch) -> None:
+    require_docker()
+    listen = docker_backend._listen
+
+    def unreachable() -> tuple:
+        # as for an engine whose root is not the pool's user: the container's root, without CAP_DAC_OVERRIDE, is
+        # refused a socket whose mode grants it nothing
+        directory, listener = listen()
+        os.chmod(os.path.join(directory, "pool.sock"), 0)
+        return directory, listener
+
+    monkeypatch.setattr(docker_backend, "_listen", unreachable)
+    seen = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=1, spare_sessions=0)))
+    assert [(i.split(":")[0], o.split(":")[0], left) for i, o, _, left in seen] == [("pipe", "pipe", False)], seen

@@ -29,10 +29,15 @@ class SecondEngine:
     proc: subprocess.Popen[bytes]
 
     def kill(self) -> None:
-        """SIGKILL the daemon (and its containerd), as a host losing its engine would; containers may live on."""
+        """SIGKILL the daemon, then what its containers run, as a host going down would. (The daemon alone is not the
+        loss of a host: the pool talks to a local engine's workers over sockets of its own, so their containers live
+        on without it and keep answering.)"""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
+        for pid in reversed(_processes_under(self.root)):  # children before their shim
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -96,10 +101,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _remove_leftovers(root: Path) -> None:
-    for pid in reversed(_processes_under(root)):  # children before their shim
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def _remove_leftovers(root: Path) -> None:  # after `kill`
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     for mount in sorted((m for m in mounts if m.startswith(str(root))), reverse=True):
         subprocess.run(["umount", "-l", mount], check=False, capture_output=True)

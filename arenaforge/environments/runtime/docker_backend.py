@@ -1,13 +1,19 @@
 """The docker backend: workers as long-lived containers on one Docker engine (no network, read-only root, tmpfs
-scratch, capped memory/pids/CPU), reached through the container's attached stdio. Several engines: `engines.py`."""
+scratch, capped memory/pids/CPU), reached over a Unix socket of the pool's bind-mounted into the container where the
+engine is local (`sandbox.docker_socket_channel`), else through the container's attached stdio. Several engines:
+`engines.py`."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import shutil
 import socket
 import struct
+import sys
+import tempfile
 from typing import Any
 
 from arenaforge.environments.runtime.deps import derived_image
@@ -21,8 +27,13 @@ log = logging.getLogger("arenaforge.sandbox")
 POOL_LABEL = "arenaforge.sandbox"
 
 
+CHANNEL_DIR = "/run/arenaforge-channel"  # where a worker finds the pool's socket (`worker.server.connect_channel`)
+CHANNEL_WAIT_S = 60.0  # for a started worker to connect, or to say it cannot: its interpreter's start, on a busy host
+
+
 class DockerTransport:
-    """The worker's stdin/stdout through the engine's attach stream (stdout arrives in 8-byte-header frames)."""
+    """The worker's stdin/stdout: through the engine's attach stream (stdout arrives in 8-byte-header frames), or,
+    once `use_channel` is called, over the socket the worker connected to (plain lines, no engine in between)."""
 
     def __init__(self, container: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, attach: Any,
                  engine: str = "") -> None:
@@ -37,6 +48,10 @@ class DockerTransport:
         self.lines = bytearray()
         self.eof = False
         self.killed = False
+        self.attach_writer: asyncio.StreamWriter | None = None  # kept open while the channel carries the calls
+
+    def use_channel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.attach_writer, self.reader, self.writer = self.writer, reader, writer
 
     def write(self, data: bytes) -> None:
         self.writer.write(data)
@@ -54,6 +69,13 @@ class DockerTransport:
         return payload if stream == 1 else b""
 
     async def readline(self) -> bytes:
+        if self.attach_writer is not None:  # the channel: lines, as the process backend's pipe
+            try:
+                line = await self.reader.readline()
+            except (ValueError, asyncio.LimitOverrunError, ConnectionError):
+                line = b""
+            self.eof = self.eof or not line
+            return line
         while True:
             cut = self.lines.find(b"\n")
             if cut >= 0:
@@ -76,10 +98,12 @@ class DockerTransport:
 
     async def kill(self) -> None:
         self.killed = True
-        try:
-            self.writer.close()
-        except Exception:  # noqa: BLE001 - the socket may already be gone
-            pass
+        for writer in (self.writer, self.attach_writer):
+            try:
+                if writer is not None:
+                    writer.close()
+            except Exception:  # noqa: BLE001 - the socket may already be gone
+                pass
         await asyncio.to_thread(_remove_container, self.container)
 
 
@@ -149,6 +173,7 @@ class DockerLauncher:
         self.client: Any = None
         self.image = ""
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.socket_channel = cfg.docker_socket_channel and _local_engine(base_url)
 
     async def prepare(self) -> None:
         if self.client is None:
@@ -169,10 +194,12 @@ class DockerLauncher:
     async def place(self, requirements: list[str]) -> tuple[str | None, str]:
         return await asyncio.to_thread(derived_image, self.client, self.image, requirements, PYTHON_VERSION)
 
-    def _create(self, index: int, image: str) -> tuple[Any, Any]:
+    def _create(self, index: int, image: str, channel: str = "") -> tuple[Any, Any]:
         cfg = self.cfg
         api = self.client.api
         host_config = api.create_host_config(
+            # read-only, and empty once the worker has connected (`launch`)
+            binds={channel: {"bind": CHANNEL_DIR, "mode": "ro"}} if channel else None,
             network_mode="none",
             read_only=True,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={cfg.scratch_mb}m,mode=1733"},
@@ -200,7 +227,7 @@ class DockerLauncher:
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so the worker sees EOF (and exits) when the pool detaches
             tty=False,
-            environment={},
+            environment={"ARENAFORGE_CHANNEL": f"{CHANNEL_DIR}/pool.sock"} if channel else {},
             user="0",
             working_dir="/tmp",
             labels={POOL_LABEL: self.owner, "arenaforge.worker": str(index)},
@@ -215,20 +242,78 @@ class DockerLauncher:
         import docker.errors
         import requests
 
+        channel, listener = _listen() if self.socket_channel else ("", None)
         try:
-            container, attach = await asyncio.to_thread(self._create, index, image or self.image)
-        except requests.exceptions.ConnectionError as err:
-            raise EngineUnreachable(f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
-            raise SandboxError(f"cannot start a sandbox container: {err}") from err
-        raw = attach_socket(attach)
-        raw.setblocking(False)
-        reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
-        return DockerTransport(container, reader, writer, attach, self.base_url or "")
+            try:
+                container, attach = await asyncio.to_thread(self._create, index, image or self.image, channel)
+            except requests.exceptions.ConnectionError as err:
+                raise EngineUnreachable(
+                    f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as err:
+                raise SandboxError(f"cannot start a sandbox container: {err}") from err
+            raw = attach_socket(attach)
+            raw.setblocking(False)
+            reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
+            transport = DockerTransport(container, reader, writer, attach, self.base_url or "")
+            if listener is not None:
+                await _take_channel(transport, listener)
+            return transport
+        finally:
+            if listener is not None:
+                listener.close()
+                shutil.rmtree(channel, ignore_errors=True)
 
     async def close(self) -> None:
         if self.client is not None:
             await asyncio.to_thread(self.client.close)
+
+
+def _local_engine(base_url: str | None) -> bool:
+    """Whether the engine runs on this Linux host, so a directory of ours can be bind-mounted into its containers
+    (a tcp:// or ssh:// engine, or one in a VM as on macOS, would mount a path of its own machine)."""
+    url = base_url or os.environ.get("DOCKER_HOST", "")
+    return sys.platform.startswith("linux") and (not url or url.startswith("unix://"))
+
+
+def _listen() -> tuple[str, socket.socket]:
+    """A root-only directory holding a listening socket, for one worker to connect to."""
+    directory = tempfile.mkdtemp(prefix="arenaforge-channel-")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(os.path.join(directory, "pool.sock"))
+        listener.listen(1)
+        listener.setblocking(False)
+    except OSError:
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory, listener
+
+
+async def _take_channel(transport: DockerTransport, listener: socket.socket) -> None:
+    """Wait for the worker to connect to `listener` (then calls go over that socket), or to say on its stdout that it
+    cannot, or to end (the pool's hello finds out why)."""
+    loop = asyncio.get_running_loop()
+    accepted = asyncio.ensure_future(loop.sock_accept(listener))
+    said = asyncio.ensure_future(transport.readline())
+    try:
+        done, _ = await asyncio.wait({accepted, said}, timeout=CHANNEL_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (accepted, said):
+            task.cancel()
+    if accepted in done and not accepted.cancelled() and accepted.exception() is None:
+        sock, _ = accepted.result()
+        reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
+        transport.use_channel(reader, writer)
+    elif said in done and not said.cancelled():
+        line = said.result()
+        if line:
+            log.info("worker %s talks through the attach stream: %s", transport.name,
+                     json.loads(line).get("error", "") if line.startswith(b"{") else line[:200])
+    else:
+        await transport.kill()
+        raise SandboxError(f"worker {transport.name} neither connected to its channel nor said why within "
+                           f"{CHANNEL_WAIT_S:.0f}s")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,5 +1,8 @@
 """The worker's event loop: requests from the pool on stdin, replies on stdout, one zygote per template.
 
+On Docker with a local engine, stdin and stdout are a Unix socket the pool listens on (`connect_channel`), not the
+engine's attach stream.
+
 What it owns: reading and answering the pool's ops (hello, ping, load, unload, open, call, close),
 starting a zygote for each environment version it is asked to load and routing its messages. The
 life of each session (spawn, queue, deadlines, death) is `sessions.SessionServer`, which `Server`
@@ -8,8 +11,10 @@ extends; the wire format is `protocol`, confinement `policy`, tool code `executi
 
 import json
 import os
+import select
 import selectors
 import signal
+import socket
 import sys
 
 from . import cgroups, execution, policy, zygote
@@ -90,7 +95,10 @@ class Server(SessionServer):
         if self.outq:
             view, self.outq = memoryview(b"".join(self.outq)), []
             while view:
-                view = view[os.write(1, view):]
+                try:
+                    view = view[os.write(1, view):]
+                except BlockingIOError:  # a channel socket is stdin too, and stdin is non-blocking (`run`)
+                    select.select([], [1], [])
 
     def forget(self) -> None:
         """In a fresh zygote: drop every reference to other templates' and sessions' data."""
@@ -324,10 +332,32 @@ class Server(SessionServer):
         os._exit(0)
 
 
+CHANNEL_ENV = "ARENAFORGE_CHANNEL"  # set by the Docker backend: the path of the pool's socket in this container
+
+
+def connect_channel() -> None:
+    """Docker, local engine: connect to the pool's socket (a directory of the host's bind-mounted here, removed
+    once this connection is accepted) and make it stdin and stdout. Every request and reply then skips the engine
+    and the container's shim, two processes each way (docker_backend.py). Where it cannot be reached (a rootless
+    or user-namespaced engine whose root is not the pool's user), one line on stdout says so, and the pool talks
+    through the attach stream instead."""
+    path = os.environ.pop(CHANNEL_ENV, "")
+    if not path:
+        return
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+            channel.connect(path)
+            os.dup2(channel.fileno(), 0)
+            os.dup2(channel.fileno(), 1)
+    except OSError as err:
+        os.write(1, encode({"channel": "stdio", "error": str(err)}))  # an OS message: plain text
+
+
 def main() -> None:
     if "--once" in sys.argv:
         execution.run_once()
         return
+    connect_channel()
     import ctypes
 
     try:
