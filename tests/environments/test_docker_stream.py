@@ -59,8 +59,9 @@ def _worker_stdio(transport) -> tuple[str, str]:
     return os.readlink(f"/proc/{pid}/fd/0"), os.readlink(f"/proc/{pid}/fd/1")
 
 
-async def _echo_through_each_worker(cfg: SandboxConfig) -> list[tuple[str, str, str, bool]]:
-    """Per worker: its stdin, its stdout, an echo's answer, and whether its channel directory is still on the host."""
+async def _echo_through_each_worker(cfg: SandboxConfig) -> list[tuple[str, str, str, bool, str]]:
+    """Per worker: its stdin, its stdout, an echo's answer, whether its channel directory is still on the host, and
+    the channel it reports (`arenaforge sandbox status`)."""
     async with await create_pool(cfg) as pool:
         sessions = await asyncio.gather(*(pool.open(ECHO) for _ in range(2 * cfg.pool_size)))
         assert len({s.worker.index for s in sessions}) == cfg.pool_size
@@ -69,7 +70,8 @@ async def _echo_through_each_worker(cfg: SandboxConfig) -> list[tuple[str, str, 
             obs = await pool.call(session, "echo", {"text": session.id})
             transport = session.worker.transport
             sources = [m["Source"] for m in transport.container.attrs["Mounts"] if m["Type"] == "bind"]
-            seen.append((*_worker_stdio(transport), obs.output, any(os.path.exists(s) for s in sources)))
+            seen.append((*_worker_stdio(transport), obs.output, any(os.path.exists(s) for s in sources),
+                         session.worker.info.get("channel", "")))
             assert obs.output == session.id, obs
         return seen
 
@@ -80,9 +82,11 @@ def test_a_docker_worker_talks_over_the_pools_socket_and_leaves_no_directory_beh
     direct = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=2, spare_sessions=0)))
     attached = asyncio.run(_echo_through_each_worker(
         SandboxConfig(backend="docker", pool_size=2, spare_sessions=0, docker_socket_channel=False)))
-    assert all(i.startswith("socket:") and o == i and not left for i, o, _, left in direct), direct
+    assert all(i.startswith("socket:") and o == i and not left and said == "socket"
+               for i, o, _, left, said in direct), direct
     # the attach stream: the engine's pipes, as before (the setting is what decides, not the image)
-    assert all(i.startswith("pipe:") and o.startswith("pipe:") for i, o, _, _ in attached), attached
+    assert all(i.startswith("pipe:") and o.startswith("pipe:") and said == "stdio"
+               for i, o, _, _, said in attached), attached
 
 
 @pytest.mark.docker
@@ -99,4 +103,5 @@ def test_a_worker_that_cannot_reach_the_pools_socket_falls_back_to_the_attach_st
 
     monkeypatch.setattr(docker_backend, "_listen", unreachable)
     seen = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=1, spare_sessions=0)))
-    assert [(i.split(":")[0], o.split(":")[0], left) for i, o, _, left in seen] == [("pipe", "pipe", False)], seen
+    assert [(i.split(":")[0], o.split(":")[0], left) for i, o, _, left, _ in seen] == [("pipe", "pipe", False)], seen
+    assert "Permission denied" in seen[0][4], seen  # and the worker says why, in `arenaforge sandbox status`

@@ -48,12 +48,12 @@ LIMITS = {
 
 
 class Server(SessionServer):
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, channel: str = "stdio") -> None:
         super().__init__()
         self.group = group  # this worker's cgroup name (`cgroups.setup`)
         self.groups_to_remove: set[int] = set()  # uids whose processes are gone, their cgroups not yet
         self.limits = dict(LIMITS)
-        self.info_extra: dict = {"net_isolated": False, "namespaces": False, "seccomp": False}
+        self.info_extra: dict = {"net_isolated": False, "namespaces": False, "seccomp": False, "channel": channel}
         self.reader = Reader(1 << 31)
         self.outq: list[bytes] = []
         self.topped_up = ""  # the template whose spares were last topped up (only it keeps more than one)
@@ -335,15 +335,16 @@ class Server(SessionServer):
 CHANNEL_ENV = "ARENAFORGE_CHANNEL"  # set by the Docker backend: the path of the pool's socket in this container
 
 
-def connect_channel() -> None:
+def connect_channel() -> str:
     """Docker, local engine: connect to the pool's socket (a directory of the host's bind-mounted here, removed
     once this connection is accepted) and make it stdin and stdout. Every request and reply then skips the engine
     and the container's shim, two processes each way (docker_backend.py). Where it cannot be reached (a rootless
     or user-namespaced engine whose root is not the pool's user), one line on stdout says so, and the pool talks
-    through the attach stream instead."""
+    through the attach stream instead. Returns what the worker reports as its `channel` (`arenaforge sandbox
+    status`): "socket", or "stdio" and why not."""
     path = os.environ.pop(CHANNEL_ENV, "")
     if not path:
-        return
+        return "stdio"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
             channel.connect(path)
@@ -351,13 +352,15 @@ def connect_channel() -> None:
             os.dup2(channel.fileno(), 1)
     except OSError as err:
         os.write(1, encode({"channel": "stdio", "error": str(err)}))  # an OS message: plain text
+        return f"stdio (the pool's socket: {err})"
+    return "socket"
 
 
 def main() -> None:
     if "--once" in sys.argv:
         execution.run_once()
         return
-    connect_channel()
+    channel = connect_channel()
     import ctypes
 
     try:
@@ -370,4 +373,4 @@ def main() -> None:
     policy.wake_preempting()
     policy.become_subreaper()
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    Server(group).run()
+    Server(group, channel).run()
