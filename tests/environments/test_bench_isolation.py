@@ -31,6 +31,11 @@ def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
     if "memory" in got["attacks"]["memfd"]["cgroups"]:
         assert got["attacks"]["memfd"]["attacker_call"].startswith("limit: the session process was killed for memory")
     assert got["attacks"]["files"]["attacker_call"].startswith("ok: stopped after")  # the file cap, not the machine
+    # measured again 2 s in: the attack that runs until its 5 s limit, never one whose call had returned
+    settled = {attack: row["settled_p99_over_quiet"] for attack, row in got["attacks"].items()
+               if row["settled_p99_ms"] is not None}
+    assert "busy_call" in settled and not settled.keys() & {"spinners", "busy_thread", "newlines"}, settled
+    assert got["worst_settled_p99_over_quiet"] == max(settled.values()) > 0
 
 
 def test_an_unknown_attack_is_one_line() -> None:
