@@ -338,9 +338,10 @@ CHANNEL_ENV = "ARENAFORGE_CHANNEL"  # set by the Docker backend: the path of the
 def connect_channel() -> str:
     """Docker, local engine: connect to the pool's socket (a directory of the host's bind-mounted here, removed
     once this connection is accepted) and make it stdin and stdout. Every request and reply then skips the engine
-    and the container's shim, two processes each way (docker_backend.py). Where it cannot be reached (a rootless
-    or user-namespaced engine whose root is not the pool's user), one line on stdout says so, and the pool talks
-    through the attach stream instead. Returns what the worker reports as its `channel` (`arenaforge sandbox
+    and the container's shim, two processes each way (docker_backend.py). Where it cannot be reached (this
+    container's root, without CAP_DAC_OVERRIDE, does not own the pool's directory: a pool running as another user
+    on a rootful engine, or a `userns-remap` engine), one line on stdout says so, and the pool talks through the
+    attach stream instead. Returns what the worker reports as its `channel` (`arenaforge sandbox
     status`): "socket", or "stdio" and why not."""
     path = os.environ.pop(CHANNEL_ENV, "")
     if not path:
