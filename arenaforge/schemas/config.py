@@ -130,9 +130,9 @@ class SandboxConfig(_Section):
         default=True,
         description="Docker, on an engine of this Linux host: the pool talks to each worker over a Unix socket in a "
                     "directory bind-mounted into its container, not through the engine's attach stream, so no call "
-                    "passes through dockerd and the container's shim (docs/SANDBOX.md). A worker that cannot reach it (a "
-                    "pool running as a user other than root on a rootful engine, a userns-remap engine) falls back to "
-                    "the attach stream; remote engines always use it.")
+                    "passes through dockerd and the container's shim (docs/SANDBOX.md). Only a connection with the "
+                    "worker's token is served; a worker that cannot reach the socket falls back to the attach stream, "
+                    "as remote engines always do.")
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
     session_cpu_share: float = Field(
         default=0.5, gt=0, le=1,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import socket
+import stat
 
 import pytest
 
@@ -105,3 +107,27 @@ def test_a_worker_that_cannot_reach_the_pools_socket_falls_back_to_the_attach_st
     seen = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=1, spare_sessions=0)))
     assert [(i.split(":")[0], o.split(":")[0], left) for i, o, _, left, _ in seen] == [("pipe", "pipe", False)], seen
     assert "Permission denied" in seen[0][4], seen  # and the worker says why, in `arenaforge sandbox status`
+
+
+@pytest.mark.docker
+def test_a_connection_without_the_workers_token_is_turned_away(monkeypatch) -> None:
+    require_docker()
+    listen = docker_backend._listen
+    impostors = []
+
+    def raced() -> tuple:
+        # anyone may enter the directory (a pool that is not root must let the container's root in): a local process
+        # connects before the worker does
+        directory, listener = listen()
+        impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        impostor.connect(os.path.join(directory, "pool.sock"))
+        impostor.sendall(b"0123456789abcdef0123456789abcdef\n")
+        impostors.append((impostor, stat.S_IMODE(os.stat(directory).st_mode)))
+        return directory, listener
+
+    monkeypatch.setattr(docker_backend, "_listen", raced)
+    seen = asyncio.run(_echo_through_each_worker(SandboxConfig(backend="docker", pool_size=1, spare_sessions=0)))
+    assert [(i.split(":")[0], said) for i, _, _, _, said in seen] == [("socket", "socket")], seen
+    impostor, mode = impostors[0]
+    impostor.settimeout(30)
+    assert mode == 0o711 and impostor.recv(1 << 16) == b"", "the impostor was closed unread, never sent a request"

@@ -6,9 +6,11 @@ engine is local (`sandbox.docker_socket_channel`), else through the container's 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import struct
@@ -29,6 +31,7 @@ POOL_LABEL = "arenaforge.sandbox"
 
 CHANNEL_DIR = "/run/arenaforge-channel"  # where a worker finds the pool's socket (`worker.server.connect_channel`)
 CHANNEL_WAIT_S = 60.0  # for a started worker to connect, or to say it cannot: its interpreter's start, on a busy host
+TOKEN_WAIT_S = 5.0  # for a connection to the channel to present its token (a worker sends it as it connects)
 
 
 class DockerTransport:
@@ -194,7 +197,7 @@ class DockerLauncher:
     async def place(self, requirements: list[str]) -> tuple[str | None, str]:
         return await asyncio.to_thread(derived_image, self.client, self.image, requirements, PYTHON_VERSION)
 
-    def _create(self, index: int, image: str, channel: str = "") -> tuple[Any, Any]:
+    def _create(self, index: int, image: str, channel: str = "", token: str = "") -> tuple[Any, Any]:
         cfg = self.cfg
         api = self.client.api
         host_config = api.create_host_config(
@@ -227,7 +230,8 @@ class DockerLauncher:
             stdin_open=True,
             detach=False,  # with stdin_open: StdinOnce, so the worker sees EOF (and exits) when the pool detaches
             tty=False,
-            environment={"ARENAFORGE_CHANNEL": f"{CHANNEL_DIR}/pool.sock"} if channel else {},
+            environment={"ARENAFORGE_CHANNEL": f"{CHANNEL_DIR}/pool.sock", "ARENAFORGE_CHANNEL_TOKEN": token}
+            if channel else {},
             user="0",
             working_dir="/tmp",
             labels={POOL_LABEL: self.owner, "arenaforge.worker": str(index)},
@@ -243,9 +247,10 @@ class DockerLauncher:
         import requests
 
         channel, listener = _listen() if self.socket_channel else ("", None)
+        token = secrets.token_hex(16)  # what the worker presents on connecting: anyone else is turned away
         try:
             try:
-                container, attach = await asyncio.to_thread(self._create, index, image or self.image, channel)
+                container, attach = await asyncio.to_thread(self._create, index, image or self.image, channel, token)
             except requests.exceptions.ConnectionError as err:
                 raise EngineUnreachable(
                     f"the Docker engine {self.base_url or 'default'} does not answer: {err}") from err
@@ -256,7 +261,7 @@ class DockerLauncher:
             reader, writer = await asyncio.open_connection(sock=raw, limit=STREAM_LIMIT)
             transport = DockerTransport(container, reader, writer, attach, self.base_url or "")
             if listener is not None:
-                await _take_channel(transport, listener)
+                await _take_channel(transport, listener, token)
             return transport
         finally:
             if listener is not None:
@@ -276,12 +281,18 @@ def _local_engine(base_url: str | None) -> bool:
 
 
 def _listen() -> tuple[str, socket.socket]:
-    """A root-only directory holding a listening socket, for one worker to connect to."""
+    """A directory holding a listening socket, for one worker to connect to. Others may enter the directory and
+    connect (the container's root holds no CAP_DAC_OVERRIDE, and is not the pool's user where the pool is not root
+    on a rootful engine, or the engine remaps users): only a connection that presents the worker's token is taken
+    (`_accept_worker`)."""
     directory = tempfile.mkdtemp(prefix="arenaforge-channel-")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(os.path.join(directory, "pool.sock"))
-        listener.listen(1)
+        path = os.path.join(directory, "pool.sock")
+        listener.bind(path)
+        os.chmod(path, 0o666)
+        os.chmod(directory, 0o711)  # enter, not list
+        listener.listen(8)
         listener.setblocking(False)
     except OSError:
         listener.close()
@@ -290,11 +301,29 @@ def _listen() -> tuple[str, socket.socket]:
     return directory, listener
 
 
-async def _take_channel(transport: DockerTransport, listener: socket.socket) -> None:
+async def _accept_worker(listener: socket.socket, token: str) -> socket.socket:
+    """The first connection to `listener` that sends `token` as its first line; others are closed unread."""
+    loop = asyncio.get_running_loop()
+    expected = token.encode() + b"\n"
+    while True:
+        sock, _ = await loop.sock_accept(listener)
+        said = b""
+        try:
+            async with asyncio.timeout(TOKEN_WAIT_S):
+                while len(said) < len(expected) and (chunk := await loop.sock_recv(sock, len(expected) - len(said))):
+                    said += chunk
+        except (TimeoutError, OSError):
+            pass
+        if hmac.compare_digest(said, expected):
+            return sock
+        log.warning("a connection to a worker's channel did not present its token: closed")
+        sock.close()
+
+
+async def _take_channel(transport: DockerTransport, listener: socket.socket, token: str) -> None:
     """Wait for the worker to connect to `listener` (then calls go over that socket), or to say on its stdout that it
     cannot, or to end (the pool's hello finds out why)."""
-    loop = asyncio.get_running_loop()
-    accepted = asyncio.ensure_future(loop.sock_accept(listener))
+    accepted = asyncio.ensure_future(_accept_worker(listener, token))
     said = asyncio.ensure_future(transport.readline())
     try:
         done, _ = await asyncio.wait({accepted, said}, timeout=CHANNEL_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
@@ -302,7 +331,7 @@ async def _take_channel(transport: DockerTransport, listener: socket.socket) -> 
         for task in (accepted, said):
             task.cancel()
     if accepted in done and not accepted.cancelled() and accepted.exception() is None:
-        sock, _ = accepted.result()
+        sock = accepted.result()
         reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_LIMIT)
         transport.use_channel(reader, writer)
     elif said in done and not said.cancelled():

@@ -333,22 +333,23 @@ class Server(SessionServer):
 
 
 CHANNEL_ENV = "ARENAFORGE_CHANNEL"  # set by the Docker backend: the path of the pool's socket in this container
+TOKEN_ENV = "ARENAFORGE_CHANNEL_TOKEN"  # and what to present on it (the pool takes no other connection)
 
 
 def connect_channel() -> str:
     """Docker, local engine: connect to the pool's socket (a directory of the host's bind-mounted here, removed
     once this connection is accepted) and make it stdin and stdout. Every request and reply then skips the engine
-    and the container's shim, two processes each way (docker_backend.py). Where it cannot be reached (this
-    container's root, without CAP_DAC_OVERRIDE, does not own the pool's directory: a pool running as another user
-    on a rootful engine, or a `userns-remap` engine), one line on stdout says so, and the pool talks through the
-    attach stream instead. Returns what the worker reports as its `channel` (`arenaforge sandbox
+    and the container's shim, two processes each way (docker_backend.py). It presents the token the pool gave
+    it, since others may connect too. Where it cannot be reached, one line on stdout says so, and the pool talks
+    through the attach stream instead. Returns what the worker reports as its `channel` (`arenaforge sandbox
     status`): "socket", or "stdio" and why not."""
-    path = os.environ.pop(CHANNEL_ENV, "")
+    path, token = os.environ.pop(CHANNEL_ENV, ""), os.environ.pop(TOKEN_ENV, "")
     if not path:
         return "stdio"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
             channel.connect(path)
+            channel.sendall(token.encode() + b"\n")
             os.dup2(channel.fileno(), 0)
             os.dup2(channel.fileno(), 1)
     except OSError as err:
