@@ -302,11 +302,14 @@ def _listen() -> tuple[str, socket.socket]:
 
 
 async def _accept_worker(listener: socket.socket, token: str) -> socket.socket:
-    """The first connection to `listener` that sends `token` as its first line; others are closed unread."""
+    """The first connection to `listener` that sends `token` as its first line; every other is closed unread. Each
+    is read on its own, so one that sends nothing holds up no other."""
     loop = asyncio.get_running_loop()
     expected = token.encode() + b"\n"
-    while True:
-        sock, _ = await loop.sock_accept(listener)
+    found: asyncio.Future[socket.socket] = loop.create_future()
+    checks: set[asyncio.Task] = set()
+
+    async def check(sock: socket.socket) -> None:
         said = b""
         try:
             async with asyncio.timeout(TOKEN_WAIT_S):
@@ -314,10 +317,27 @@ async def _accept_worker(listener: socket.socket, token: str) -> socket.socket:
                     said += chunk
         except (TimeoutError, OSError):
             pass
-        if hmac.compare_digest(said, expected):
-            return sock
-        log.warning("a connection to a worker's channel did not present its token: closed")
-        sock.close()
+        finally:
+            if hmac.compare_digest(said, expected) and not found.done():
+                found.set_result(sock)
+            else:
+                sock.close()
+        if not found.done() or found.result() is not sock:
+            log.warning("a connection to a worker's channel did not present its token: closed")
+
+    async def accept_all() -> None:
+        while True:
+            sock, _ = await loop.sock_accept(listener)
+            checks.add(task := asyncio.ensure_future(check(sock)))
+            task.add_done_callback(checks.discard)
+
+    acceptor = asyncio.ensure_future(accept_all())
+    try:
+        return await found
+    finally:
+        acceptor.cancel()
+        for task in list(checks):
+            task.cancel()
 
 
 async def _take_channel(transport: DockerTransport, listener: socket.socket, token: str) -> None:
