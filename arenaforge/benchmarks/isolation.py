@@ -174,7 +174,8 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> 
 
 async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".join(ATTACKS),
                session_cgroups: bool = True, process_cpu_groups: bool = True,
-               docker_socket_channel: bool = True, settle_s: float = 2.0) -> dict[str, Any]:
+               docker_socket_channel: bool = True, settle_s: float = 2.0,
+               busy_session_cores: int = 1) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:
@@ -189,17 +190,21 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
             off: through the engine's attach stream, as before).
         settle_s: Measure the neighbour again this long after an attack began, if it still runs then (its
             processes all started: `settled_p99_ms`); 0: skip.
+        busy_session_cores: Cores a session runs on once its call has run 5 ms (`sandbox.busy_session_cores`; 0:
+            all, as before).
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     unknown = sorted(set(chosen) - set(ATTACKS))
     if unknown:
         raise InputError(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(ATTACKS)}")
     cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups,
-                        process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel)
+                        process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel,
+                        busy_session_cores=busy_session_cores)
     results = {attack: await _one(cfg, attack, calls, settle_s) for attack in chosen}
     return {
         "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
         "process_cpu_groups": process_cpu_groups, "docker_socket_channel": docker_socket_channel,
+        "busy_session_cores": busy_session_cores,
         "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
         "attacks": results,
         "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),

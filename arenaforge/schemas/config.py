@@ -134,6 +134,14 @@ class SandboxConfig(_Section):
                     "worker's token is served; a worker that cannot reach the socket falls back to the attach stream, "
                     "as remote engines always do.")
     cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
+    busy_session_cores: int = Field(
+        default=1, ge=0,
+        description="With session_cgroups: a session whose call has run 5 ms runs on this many cores (a cpuset) "
+                    "until it answers, the ones this worker's other busy sessions use least, so its processes never "
+                    "hold every core at once and its neighbours' calls, and the worker and flow relaying them, find "
+                    "one to wake on (docs/SANDBOX.md). Docker caps a session at half a core by default, so this "
+                    "costs it nothing; on the process backend a call's processes no longer spread over the host. "
+                    "0: all cores.")
     session_cpu_share: float = Field(
         default=0.5, gt=0, le=1,
         description="Docker, with session_cgroups: the share of its worker container's CPUs one session may use. "

@@ -27,8 +27,9 @@ from tests.support.procfs import read_or_empty
 
 @pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
 def one_worker(request: pytest.FixtureRequest):
-    # one worker, so every session shares it; short limits, so the pool-side deadline comes soon
-    yield from start_pool(request.param, pool_size=1, call_timeout_s=0.5, open_timeout_s=1.0)
+    # one worker, so every session shares it; short limits, so the pool-side deadline comes soon; sessions stay on
+    # the cores a test gives them (a busy one would move to a core of its own: `busy_session_cores`)
+    yield from start_pool(request.param, pool_size=1, call_timeout_s=0.5, open_timeout_s=1.0, busy_session_cores=0)
 
 
 def test_a_slow_call_fails_alone_and_neighbours_keep_their_state(one_worker: PoolHandle) -> None:

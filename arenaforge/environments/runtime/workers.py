@@ -97,8 +97,10 @@ class WorkerSlots:
             "unshare_net": not self.launcher.capabilities.isolates_network,
             "bind_shared": self.launcher.capabilities.runs_on_host,
             "spares": cfg.spare_sessions,
-            "cgroups_wanted": (["memory", "pids"] + (["cpu"] if self.launcher.capabilities.session_cpu_groups else []))
+            "cgroups_wanted": (["memory", "pids"] + (["cpu"] if self.launcher.capabilities.session_cpu_groups else [])
+                               + (["cpuset"] if cfg.busy_session_cores else []))
             if cfg.session_cgroups else [],
+            "busy_session_cores": cfg.busy_session_cores,
         }
 
     async def _launch(self, index: int) -> WorkerConnection:

@@ -1,4 +1,5 @@
-"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, a CPU share and a CPU cap.
+"""A cgroup per session: memory (memfd, tmpfs and kernel memory included), processes, a CPU share, a CPU cap and the
+cores it may run on.
 
 rlimits bound one process's address space and one uid's process count; they do not see pages a session keeps in a
 `memfd` or a pipe, and they give a session with 64 busy processes 64 shares of the CPU against its neighbour's one.
@@ -19,7 +20,8 @@ import ctypes
 import os
 import time
 
-CONTROLLERS = ("memory", "pids", "cpu")
+CONTROLLERS = ("memory", "pids", "cpu", "cpuset")
+OPTIONAL = ("cpuset",)  # a host without it keeps the others: only `pin` is lost
 CLEANUP_S = 10.0
 PERIOD_US = 100_000  # of a session's CPU quota: the kernel's default period
 # the kernel's CPU weight of a task at nice -20 .. 19 (sched_prio_to_weight): a group's cpu.shares at the worker's
@@ -97,15 +99,29 @@ def setup(name: str, mount_under: str, controllers: tuple[str, ...] = CONTROLLER
     try:
         mounts, own = _mounts(), _own_paths()
         missing = [c for c in controllers if c not in mounts or c not in own]
-        if missing:
+        if [c for c in missing if c not in OPTIONAL]:
             return {}, f"no cgroup v1 hierarchy for {', '.join(missing)} (cgroup v2 is not supported yet)"
+        usable = []
         for controller in controllers:
-            if not mounts[controller][2]:
-                _mount_writable(mount_under, controller)
-        bases = _bases(name, _mounts(), _own_paths(), controllers)
+            if controller in missing:
+                continue
+            try:
+                if not mounts[controller][2]:
+                    _mount_writable(mount_under, controller)
+                usable.append(controller)
+            except OSError:
+                if controller not in OPTIONAL:
+                    raise
+        bases = _bases(name, _mounts(), _own_paths(), tuple(usable))
         for controller, base in bases.items():
             if controller != "cpu":  # sessions' CPU groups sit beside the worker (`_session_group`)
                 os.makedirs(base, exist_ok=True)
+        if "cpuset" in bases:
+            try:
+                _inherit_cpuset(bases["cpuset"])  # a new cpuset has no CPUs: it takes its parent's
+                _write(bases["cpuset"], "cgroup.clone_children", 1)  # and its sessions' take its, as they are made
+            except OSError:
+                os.rmdir(bases.pop("cpuset"))
         return bases, ""
     except OSError as err:
         return {}, str(err)
@@ -142,12 +158,52 @@ def join(bases: dict[str, str], uid: int, memory_mb: int, pids: int, cpu_quota_u
             _write(group, "memory.limit_in_bytes", memory_mb << 20)
         elif controller == "pids":
             _write(group, "pids.max", pids)
+        elif controller == "cpuset":
+            if not _read_text(group, "cpuset.cpus"):  # not cloned from its worker's (`setup`)
+                _inherit_cpuset(group)
         else:  # one session, however many processes, weighs as one of the worker's processes; capped (see above)
             _write(group, "cpu.shares", _weight())
             if cpu_quota_us:
                 _write(group, "cpu.cfs_period_us", PERIOD_US)
                 _write(group, "cpu.cfs_quota_us", cpu_quota_us)
         _write(group, "cgroup.procs", os.getpid())
+
+
+def cores(bases: dict[str, str]) -> list[int]:
+    """The CPUs this worker's sessions may run on ([] without a cpuset group)."""
+    if not bases.get("cpuset"):
+        return []
+    listed = []
+    for part in _read_text(bases["cpuset"], "cpuset.cpus").split(","):
+        first, _, last = part.partition("-")
+        if first:
+            listed += range(int(first), int(last or first) + 1)
+    return listed
+
+
+def tasks(bases: dict[str, str], uid: int) -> int:
+    """How many tasks (processes and threads) a session's group holds now (0: not known)."""
+    if not bases.get("pids") or not uid:
+        return 0
+    try:
+        return _read(os.path.join(bases["pids"], f"u{uid}"), "pids.current")
+    except (OSError, ValueError):
+        return 0
+
+
+def pin(bases: dict[str, str], uid: int, cores: list[int]) -> None:
+    """Run a session's processes on `cores` only (while a request runs long), or on all its worker's CPUs again ([]).
+    Docker caps a session at half a core by default, so one core costs it nothing over a quota period; what it loses
+    is running its processes on every core at once, in the burst each new period allows, which is when its
+    neighbours' calls, and the worker and the flow relaying them, found no core to wake on (issue 35). A cpuset is
+    the kernel's: tool code cannot widen it with `sched_setaffinity`. A group already gone is left so."""
+    if not bases.get("cpuset") or not uid:
+        return
+    try:
+        cpus = ",".join(map(str, cores)) if cores else _read_text(bases["cpuset"], "cpuset.cpus")
+        _write_text(_session_group(bases, "cpuset", uid), "cpuset.cpus", cpus)
+    except OSError:
+        pass
 
 
 def weigh(bases: dict[str, str], uid: int, yielding: bool) -> None:
@@ -246,6 +302,22 @@ def _session_group(bases: dict[str, str], controller: str, uid: int) -> str:
 
 def _weight() -> int:
     return NICE_WEIGHT[min(max(os.getpriority(os.PRIO_PROCESS, 0), -20), 19) + 20]
+
+
+def _inherit_cpuset(group: str) -> None:
+    parent = os.path.dirname(group)
+    for knob in ("cpuset.cpus", "cpuset.mems"):
+        _write_text(group, knob, _read_text(parent, knob))
+
+
+def _read_text(group: str, knob: str) -> str:
+    with open(os.path.join(group, knob)) as fh:
+        return fh.read().strip()
+
+
+def _write_text(group: str, knob: str, value: str) -> None:
+    with open(os.path.join(group, knob), "w") as fh:
+        fh.write(value)
 
 
 def _read(group: str, knob: str) -> int:

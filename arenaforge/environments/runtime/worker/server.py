@@ -42,6 +42,7 @@ LIMITS = {
     "seccomp": False,
     "load_stretch": 4.0,  # a request starved of CPU may take this many times its limit
     "cgroups_wanted": ["memory", "pids", "cpu"],  # a group per session for each, where the worker can make them
+    "busy_session_cores": 0,  # cores a session runs on while its request runs long (0: all of its worker's)
     "session_cpu_share": 0.5,  # of the worker's CPU quota, one session's cap (`sandbox.session_cpu_share`)
     "session_cpu_quota_us": 0,  # set at hello (`cgroups.session_cpu_quota`): 0, no cap
 }
@@ -160,6 +161,10 @@ class Server(SessionServer):
             else:
                 bases, why = {}, "sessions do not get uids of their own"
             self.limits["cgroups"] = bases
+            try:
+                self.cores = cgroups.cores(bases)
+            except (OSError, ValueError):
+                self.cores = []
             share = float(self.limits["session_cpu_share"])
             self.limits["session_cpu_quota_us"] = cgroups.session_cpu_quota(bases, share)
             self.info_extra.update({"cgroups": sorted(bases), "cgroups_missing": why, "cgroup_name": self.group,
