@@ -24,8 +24,8 @@ from .execution import STATE_TOOL
 from .protocol import encode, session_reply
 
 YIELD_AFTER_S = 0.005  # a request in flight this long weighs less among its worker's sessions (`cgroups.weigh`)
-# a request in flight this long whose session runs several tasks (processes or threads) runs on fewer cores, and weighs
-# less, at once (`cgroups.pin`): one task holds one core at most, and the check costs a read, not the writes
+# a request in flight this long, on a worker of few sessions, runs on fewer cores and weighs less at once
+# (`cgroups.pin`); on a busy worker the first look is at `YIELD_AFTER_S` (`_look_at_long_request`)
 PIN_AFTER_S = 0.001
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
 STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes, or CPU use, between calls
