@@ -56,7 +56,7 @@ class Session:
         self.fault = ""  # tool code ended the process between calls (a flood): the next call is that `limit`
         self.idle_cpu: tuple[int, float] | None = None  # (serial, CPU s) at the first sweep since that request
         self.yielding = False  # its request ran long: its group weighs less until its next request is sent
-        self.pinned: list[int] = []  # its request ran long with several tasks: the cores they may run on till then
+        self.pinned: list[int] = []  # its request ran long: the cores its tasks may run on until then
 
 
 class SessionServer:
