@@ -130,17 +130,24 @@ def _pct(values: list[float], p: float) -> float:
     return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2) if ordered else float("nan")
 
 
+async def _throttled(pool: Any) -> list[float] | None:
+    """The worker's group's CPU-quota stops so far ([times, ms], `cgroups.throttled`); None where it has none."""
+    return (await pool.ping())[0].get("group_throttled")
+
+
 async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> dict[str, Any]:
     pool = await create_pool(cfg)
     try:
         env = attacks_env()
         neighbour, attacker = await pool.open(env), await pool.open(env)
         quiet, _ = await _neighbour_loop(pool, neighbour, calls)
+        throttled_before = await _throttled(pool)
         began = time.monotonic()
         attack_call = asyncio.ensure_future(pool.call(attacker, attack, _args(attack, cfg)))
         if attack in ("spinners", "busy_thread", "newlines"):  # background attacks: the call returns, they stay
             await asyncio.wait({attack_call})
         busy, failures = await _neighbour_loop(pool, neighbour, calls)
+        throttled_after = await _throttled(pool)
         # the loop above takes well under a second, while `busy_call` is still forking: measure again once the
         # attack has run `settle_s`, if it still runs (the fork bomb and memfd are over by then)
         settled: list[float] = []
@@ -169,13 +176,18 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> 
         "settled_p99_ms": _pct(settled, 0.99) if settled else None,
         "settled_p99_over_quiet": round(_pct(settled, 0.99) / max(_pct(quiet, 0.99), 1e-3), 2) if settled else None,
         "attacker_call": outcome, "attacker_next_call": after, "cgroups": info.get("cgroups", []),
+        # the worker's group (its container, on Docker) out of CPU quota during the attacked loop: each stop holds the
+        # worker and every session for the rest of a period, the neighbour's slowest call among them
+        "worker_group_throttled": {"times": throttled_after[0] - throttled_before[0],
+                                   "ms": round(throttled_after[1] - throttled_before[1], 1)}
+        if throttled_before and throttled_after else None,
     }
 
 
 async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".join(ATTACKS),
                session_cgroups: bool = True, process_cpu_groups: bool = True,
                docker_socket_channel: bool = True, settle_s: float = 2.0,
-               busy_session_cores: int = 1) -> dict[str, Any]:
+               busy_session_cores: int = 1, cpus: float = 1.0, session_cpu_share: float = 0.5) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:
@@ -190,8 +202,10 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
             off: through the engine's attach stream, as before).
         settle_s: Measure the neighbour again this long after an attack began, if it still runs then (its
             processes all started: `settled_p99_ms`); 0: skip.
-        busy_session_cores: Cores a session runs on once its call has run 5 ms (`sandbox.busy_session_cores`; 0:
-            all, as before).
+        busy_session_cores: Cores a session runs on while its call runs long: from 1 ms on a worker of at most
+            twice as many sessions as cores, as here (`sandbox.busy_session_cores`; 0: all, as before).
+        cpus: Docker: CPUs of the worker's container (`sandbox.cpus`).
+        session_cpu_share: Docker: the share of the container's CPUs one session may use (`sandbox.session_cpu_share`).
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     unknown = sorted(set(chosen) - set(ATTACKS))
@@ -199,12 +213,12 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
         raise InputError(f"unknown attack(s) {', '.join(unknown)}; choose from {', '.join(ATTACKS)}")
     cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups,
                         process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel,
-                        busy_session_cores=busy_session_cores)
+                        busy_session_cores=busy_session_cores, cpus=cpus, session_cpu_share=session_cpu_share)
     results = {attack: await _one(cfg, attack, calls, settle_s) for attack in chosen}
     return {
         "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
         "process_cpu_groups": process_cpu_groups, "docker_socket_channel": docker_socket_channel,
-        "busy_session_cores": busy_session_cores,
+        "busy_session_cores": busy_session_cores, "cpus": cpus, "session_cpu_share": session_cpu_share,
         "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
         "attacks": results,
         "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),

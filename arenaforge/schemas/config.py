@@ -145,8 +145,10 @@ class SandboxConfig(_Section):
     session_cpu_share: float = Field(
         default=0.5, gt=0, le=1,
         description="Docker, with session_cgroups: the share of its worker container's CPUs one session may use. "
-                    "Below 1, no session's busy processes can get the whole container throttled (its neighbours and "
-                    "the worker with it); a CPU-bound tool alone runs at that share. 1: no cap.")
+                    "Below 1, no session's busy processes can use the container's whole quota alone (which stops "
+                    "the container, its neighbours and the worker with it, until the next period); with its "
+                    "neighbours' own load they still can (`bench isolation` reports it as worker_group_throttled). "
+                    "A CPU-bound tool alone runs at that share. 1: no cap.")
     nice: int = Field(
         default=19, ge=0, le=19,
         description="Process backend: the nice value of workers and their sessions, which share the flow's "

@@ -28,6 +28,9 @@ def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
         assert row["p99_ms"] > 0 and row["quiet_p99_ms"] > 0, attack
         assert row["attacker_next_call"] in ("ok", "limit"), (attack, row)  # its session serves again, or says why
         assert not row["attacker_call"].startswith(("Overloaded", "SessionLost", "WorkerLost")), (attack, row)
+        throttled = row["worker_group_throttled"]  # its container's CPU-quota stops during the loop (Docker)
+        if "cpu" in row["cgroups"]:
+            assert throttled["times"] >= 0 and throttled["ms"] >= 0, (attack, throttled)
     if "memory" in got["attacks"]["memfd"]["cgroups"]:
         assert got["attacks"]["memfd"]["attacker_call"].startswith("limit: the session process was killed for memory")
     assert got["attacks"]["files"]["attacker_call"].startswith("ok: stopped after")  # the file cap, not the machine

@@ -507,6 +507,27 @@ def test_a_session_gets_at_most_its_share_of_its_containers_cpu(small: PoolHandl
     assert float(got.output) < 0.75 * container_cpus  # capped at 0.5 (uncapped: up to the container's 1.0)
 
 
+@pytest.mark.docker
+def test_sessions_held_to_their_share_can_still_run_their_container_out_of_quota() -> None:
+    """Each session is capped at half its container's CPUs, but three busy ones ask for one and a half: the container
+    runs out of quota, and the worker and every session stop until the next period. `group_throttled` counts those
+    stops (what `bench isolation` reports per attack, the neighbour's slowest calls among them). A container of a
+    fifth of a CPU, so the sessions get there even on a loaded host."""
+    for handle in start_pool("docker", pool_size=1, cpus=0.2):
+        needs_cgroups(handle, "cpu")
+        pool = handle.pool
+
+        async def scenario() -> tuple[list[float], list[ToolObservation], list[float]]:
+            before = (await pool.ping())[0]["group_throttled"]
+            sessions = [await pool.open(CAPPED) for _ in range(3)]
+            got = await asyncio.gather(*(pool.call(s, "share", {"cpu_s": 0.05}, timeout_s=120.0) for s in sessions))
+            return before, list(got), (await pool.ping())[0]["group_throttled"]
+
+        before, got, after = handle.run(scenario())
+        assert [g.outcome for g in got] == ["ok"] * 3, got
+        assert after[0] > before[0] and after[1] > before[1], (before, after)
+
+
 def test_a_call_that_runs_long_runs_on_one_core_until_its_next_call(small: PoolHandle) -> None:
     """A busy session's processes ran on every core at once in each quota period's burst, and its neighbours' calls,
     the worker and the flow relaying them found no core to wake on: `busy_call` p99 5-14x quiet (issue 35). Once a

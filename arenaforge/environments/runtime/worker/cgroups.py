@@ -220,6 +220,22 @@ def weigh(bases: dict[str, str], uid: int, yielding: bool) -> None:
         pass
 
 
+def throttled(bases: dict[str, str]) -> list[float] | None:
+    """[times, milliseconds]: how often the CPU quota of the group the worker runs in (its container, on Docker) ran
+    out, and for how long in all. Each time, the worker and every session wait out the rest of the period, whatever
+    their weights: a session held at its share still gets there with its neighbours' own load (docs/SANDBOX.md).
+    None where the worker has no CPU groups."""
+    base = bases.get("cpu")
+    if not base:
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(base), "cpu.stat")) as fh:
+            stat = dict(line.split() for line in fh if line.strip())
+        return [int(stat["nr_throttled"]), round(int(stat["throttled_time"]) / 1e6, 1)]
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def strays(bases: dict[str, str], uid: int, pid: int) -> int:
     """How many processes of a session's group are not its session process `pid` (0: not known yet): those its tool
     code started and left running (0 without a group to look in). Read afresh: a kept descriptor returns its first

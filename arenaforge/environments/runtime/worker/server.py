@@ -182,7 +182,7 @@ class Server(SessionServer):
         return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "spares": len(spares), "spares_ready": ready,
                 "templates": len(self.templates),
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
-                **self.info_extra}
+                "group_throttled": cgroups.throttled(self.limits.get("cgroups") or {}), **self.info_extra}
 
     # ---------------------------------------------------------------- templates and opens
     def _load(self, req: dict, body: bytes) -> None:
