@@ -181,6 +181,8 @@ class Server(SessionServer):
         ready = sum(s.isolated and s.pending is None for s in spares)
         return {"pid": os.getpid(), "uid": os.geteuid(), "sessions": sessions, "spares": len(spares), "spares_ready": ready,
                 "templates": len(self.templates),
+                # sessions held to fewer cores while (or since) a call ran long (`sessions._look_at_long_request`)
+                "pinned": {s.sid: s.pinned for s in self.sessions.values() if s.pinned},
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
                 "group_throttled": cgroups.throttled(self.limits.get("cgroups") or {}), **self.info_extra}
 

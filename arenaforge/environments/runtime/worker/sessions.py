@@ -363,11 +363,16 @@ class SessionServer:
         sess.pending, sess.serial, sess.stray = req, next(self.serials), 0
         sess.clock = RequestClock(budget, time.monotonic(), cpu_only)
         self._check_at(sess, sess.clock.first_check())
-        first = PIN_AFTER_S if self._pinning() and self._few_sessions() else YIELD_AFTER_S
+        first = PIN_AFTER_S if self._pinnable(sess) and self._few_sessions() else YIELD_AFTER_S
         heapq.heappush(self.yields, (sess.clock.started + first, next(self.ticks), sess.serial, sess))
 
     def _pinning(self) -> bool:
         return 0 < int(self.limits.get("busy_session_cores") or 0) < len(self.cores)
+
+    def _pinnable(self, sess: Session) -> bool:
+        """A call may pin its session; an open (a spare's too) only weighs less while it loads: a spare pinned as it
+        loaded kept its core until its first call, and two busy calls beside it could tie for the other core."""
+        return self._pinning() and sess.pending is not None and sess.pending.get("op") != "open"
 
     def _few_sessions(self) -> bool:
         """At most twice as many sessions as cores: a call still in flight at 1 ms is busy, not waiting for a core.
@@ -383,14 +388,14 @@ class SessionServer:
         for a core from the start forks only once it runs."""
         bases = self.limits.get("cgroups") or {}
         elapsed = now - sess.clock.started
-        if self._pinning() and (self._few_sessions() or cgroups.tasks(bases, sess.uid) > 1):
+        if self._pinnable(sess) and (self._few_sessions() or cgroups.tasks(bases, sess.uid) > 1):
             sess.pinned = self._quietest_cores(int(self.limits["busy_session_cores"]))
             cgroups.pin(bases, sess.uid, sess.pinned)
             self._lighten(sess)
             return
         if elapsed >= YIELD_AFTER_S:
             self._lighten(sess)
-        if self._pinning() or not sess.yielding:
+        if self._pinnable(sess) or not sess.yielding:
             later = sess.clock.started + max(YIELD_AFTER_S, 5 * elapsed)
             heapq.heappush(self.yields, (later, next(self.ticks), serial, sess))
 
@@ -482,6 +487,7 @@ class SessionServer:
             sess.sock.close()
             sess.sock = None
         pid, sess.pid, sess.dying = sess.pid, 0, False
+        sess.yielding, sess.pinned = False, []  # its groups go with its uid: no claim on a core is left behind
         self.by_pid.pop(pid, None)
         fallback_scratch = None if self.limits["namespaces"] else sess.scratch
         if sess.uid:
