@@ -187,7 +187,8 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> 
 async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".join(ATTACKS),
                session_cgroups: bool = True, process_cpu_groups: bool = True,
                docker_socket_channel: bool = True, settle_s: float = 2.0,
-               busy_session_cores: int = 1, cpus: float = 1.0, session_cpu_share: float = 0.5) -> dict[str, Any]:
+               busy_session_cores: int = 1, cpus: float = SandboxConfig().cpus,
+               session_cpu_share: float = SandboxConfig().session_cpu_share) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:

@@ -133,7 +133,13 @@ class SandboxConfig(_Section):
                     "passes through dockerd and the container's shim (docs/SANDBOX.md). Only a connection with the "
                     "worker's token is served; a worker that cannot reach the socket falls back to the attach stream, "
                     "as remote engines always do.")
-    cpus: float = Field(default=1.0, gt=0, description="CPUs of one worker container.")
+    cpus: float = Field(
+        default=2.0, gt=0,
+        description="Docker: CPUs of one worker container (at most the engine's: a smaller host gives all it has). "
+                    "Its sessions share this quota, each held to session_cpu_share of it, so it leaves room for "
+                    "neighbours beside busy sessions: with 1 CPU, one busy session plus its neighbour's own calls "
+                    "ran the container out of quota each period, and the neighbour's p99 went 2-4x quiet "
+                    "(docs/SANDBOX.md, Limits).")
     busy_session_cores: int = Field(
         default=1, ge=0,
         description="With session_cgroups: a session whose call has run 5 ms runs on this many cores (a cpuset) "
@@ -143,12 +149,13 @@ class SandboxConfig(_Section):
                     "costs it nothing; on the process backend a call's processes no longer spread over the host. "
                     "0: all cores.")
     session_cpu_share: float = Field(
-        default=0.5, gt=0, le=1,
-        description="Docker, with session_cgroups: the share of its worker container's CPUs one session may use. "
-                    "Below 1, no session's busy processes can use the container's whole quota alone (which stops "
-                    "the container, its neighbours and the worker with it, until the next period); with its "
-                    "neighbours' own load they still can (`bench isolation` reports it as worker_group_throttled). "
-                    "A CPU-bound tool alone runs at that share. 1: no cap.")
+        default=0.25, gt=0, le=1,
+        description="Docker, with session_cgroups: the share of its worker container's CPUs one session may use "
+                    "(a quarter of 2 CPUs: half a core). Below 1, no session's busy processes can use the "
+                    "container's whole quota alone (which stops the container, its neighbours and the worker with "
+                    "it, until the next period); several busy sessions with their neighbours' own load still can "
+                    "(`bench isolation` reports it as worker_group_throttled). A CPU-bound tool alone runs at that "
+                    "share. 1: no cap.")
     nice: int = Field(
         default=19, ge=0, le=19,
         description="Process backend: the nice value of workers and their sessions, which share the flow's "

@@ -177,11 +177,14 @@ class DockerLauncher:
         self.image = ""
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.socket_channel = cfg.docker_socket_channel and _local_engine(base_url)
+        self.cpus = cfg.cpus  # at most the engine's CPUs (`prepare`): it refuses a container more than it has
 
     async def prepare(self) -> None:
         if self.client is None:
             self.client = await asyncio.to_thread(docker_client, 60, self.base_url)
         self.image = await asyncio.to_thread(build_image, self.client, self.cfg.image)
+        engine_cpus = (await asyncio.to_thread(self.client.info)).get("NCPU") or 0
+        self.cpus = min(self.cfg.cpus, engine_cpus) if engine_cpus else self.cfg.cpus
         await asyncio.to_thread(self._reap_stale)
 
     def _reap_stale(self) -> None:
@@ -209,7 +212,7 @@ class DockerLauncher:
             mem_limit=f"{cfg.container_memory_mb}m",
             memswap_limit=f"{cfg.container_memory_mb}m",
             pids_limit=cfg.container_pids,
-            nano_cpus=int(cfg.cpus * 1e9),
+            nano_cpus=int(self.cpus * 1e9),
             cap_drop=["ALL"],
             # SETUID/SETGID: to drop each session to its own uid; SYS_ADMIN: to give each session private mounts,
             # IPC and network; sessions themselves hold no capability and a seccomp filter refuses those syscalls
