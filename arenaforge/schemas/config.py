@@ -139,7 +139,7 @@ class SandboxConfig(_Section):
                     "Its sessions share this quota, each held to session_cpu_share of it, so it leaves room for "
                     "neighbours beside busy sessions: with 1 CPU, one busy session plus its neighbour's own calls "
                     "ran the container out of quota each period, and the neighbour's p99 went 2-4x quiet "
-                    "(docs/SANDBOX.md, Limits).")
+                    "(docs/SANDBOX.md, \"Container room by default\").")
     busy_session_cores: int = Field(
         default=1, ge=0,
         description="With session_cgroups: a session whose call has run 5 ms runs on this many cores (a cpuset) "
