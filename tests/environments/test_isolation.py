@@ -539,6 +539,49 @@ def test_sessions_held_to_their_share_can_still_run_their_container_out_of_quota
         assert after[0] > before[0] and after[1] > before[1], (before, after)
 
 
+def test_the_helper_that_ends_a_session_works_in_that_sessions_cpu_groups() -> None:
+    """A helper forked to end a fork bomb's 60 processes ran at the worker's weight, on the worker's core, and held it
+    2.6 ms while the neighbours' replies waited (traced, issue 35). It now joins the session's CPU and cpuset groups
+    before it kills, so its work is the session's: weighed, capped and placed as the session. Real cgroup v1 groups on
+    this host, named as a worker names a session's; a process of the session's uid to end."""
+    from arenaforge.environments.runtime.worker import cgroups, policy
+
+    roots = {"cpu": "/sys/fs/cgroup/cpu", "cpuset": "/sys/fs/cgroup/cpuset"}
+    if os.geteuid() != 0 or not all(os.access(os.path.join(r, "cgroup.procs"), os.W_OK) for r in roots.values()):
+        pytest.skip("optional: needs root and writable cgroup v1 cpu and cpuset hierarchies")
+    name, uid = f"arenaforge-test-helper-{os.getpid()}", 61000 + os.getpid() % 1000
+    bases = {c: os.path.join(r, name) for c, r in roots.items()}
+    cpu, cpuset = f"{bases['cpu']}-u{uid}", os.path.join(bases["cpuset"], f"u{uid}")
+    os.mkdir(cpu)
+    os.makedirs(cpuset)
+    try:
+        for group in (bases["cpuset"], cpuset):
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                Path(group, knob).write_text(Path(os.path.dirname(group), knob).read_text())
+        # what the helper does first, in a child held until its groups are read
+        joined, release = os.pipe(), os.pipe()
+        child = os.fork()
+        if child == 0:
+            cgroups.enter_cpu_groups(bases, uid)
+            os.write(joined[1], b"j")
+            os.read(release[0], 1)
+            os._exit(0)
+        os.read(joined[0], 1)
+        seen = {line.split(":")[1]: line.split(":")[2] for line in Path(f"/proc/{child}/cgroup").read_text().splitlines()}
+        os.write(release[1], b"r")
+        os.waitpid(child, 0)
+        assert seen["cpu"] == cpu.removeprefix(roots["cpu"]), seen
+        assert seen["cpuset"] == cpuset.removeprefix(roots["cpuset"]), seen
+        # and the helper itself, given the worker's groups, still ends every process of the uid
+        victim = subprocess.Popen(["sleep", "600"], user=uid, group=uid)
+        helper = policy.kill_uid(uid, None, bases)
+        assert os.waitpid(helper, 0)[1] == 0
+        assert victim.wait(timeout=60) == -9
+    finally:
+        for group in (cpu, cpuset, bases["cpuset"]):
+            os.rmdir(group)
+
+
 def test_a_call_that_runs_long_runs_on_one_core_until_its_next_call(small: PoolHandle) -> None:
     """A busy session's processes ran on every core at once in each quota period's burst, and its neighbours' calls,
     the worker and the flow relaying them found no core to wake on: `busy_call` p99 5-14x quiet (issue 35). Once a

@@ -330,11 +330,14 @@ def count_user_procs() -> int:
     return count
 
 
-def kill_uid(uid: int, scratch: str | None) -> int:
-    """Start a helper that, as `uid`, kills every process of `uid` (fork bombs included); returns its pid."""
+def kill_uid(uid: int, scratch: str | None, bases: dict[str, str] | None = None) -> int:
+    """Start a helper that, as `uid`, kills every process of `uid` (fork bombs included); returns its pid. With the
+    worker's cgroup `bases`, it first joins that session's CPU groups, to do its work as the session's."""
     pid = os.fork()
     if pid == 0:
         try:
+            if bases:
+                cgroups.enter_cpu_groups(bases, uid)
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)

@@ -232,7 +232,7 @@ class Server(SessionServer):
                     policy.kill_group(msg["pid"])
                 if msg.get("uid"):
                     self.uids_used.add(msg["uid"])
-                    self.helpers[policy.kill_uid(msg["uid"], None)] = msg["uid"]
+                    self.helpers[policy.kill_uid(msg["uid"], None, self.limits.get("cgroups"))] = msg["uid"]
                 return
             if "pid" in msg:
                 sess.pid = msg["pid"]

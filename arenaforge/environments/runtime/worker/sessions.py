@@ -491,7 +491,8 @@ class SessionServer:
         self.by_pid.pop(pid, None)
         fallback_scratch = None if self.limits["namespaces"] else sess.scratch
         if sess.uid:
-            self.helpers[policy.kill_uid(sess.uid, fallback_scratch)] = sess.uid  # the uid is free once it finished
+            helper = policy.kill_uid(sess.uid, fallback_scratch, self.limits.get("cgroups"))
+            self.helpers[helper] = sess.uid  # the uid is free once it finished
             sess.uid = 0
         elif pid:
             policy.kill_group(pid)
