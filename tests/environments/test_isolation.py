@@ -567,9 +567,13 @@ def test_the_helper_that_ends_a_session_works_in_that_sessions_cpu_groups() -> N
             os.read(release[0], 1)
             os._exit(0)
         os.read(joined[0], 1)
-        seen = {line.split(":")[1]: line.split(":")[2] for line in Path(f"/proc/{child}/cgroup").read_text().splitlines()}
+        seen = {controller: path for _, controllers, path in
+                (line.split(":", 2) for line in Path(f"/proc/{child}/cgroup").read_text().splitlines())
+                for controller in controllers.split(",")}
         os.write(release[1], b"r")
         os.waitpid(child, 0)
+        for fd in (*joined, *release):
+            os.close(fd)
         assert seen["cpu"] == cpu.removeprefix(roots["cpu"]), seen
         assert seen["cpuset"] == cpuset.removeprefix(roots["cpuset"]), seen
         # and the helper itself, given the worker's groups, still ends every process of the uid
