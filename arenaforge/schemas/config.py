@@ -158,10 +158,13 @@ class SandboxConfig(_Section):
                     "share. 1: no cap.")
     nice: int = Field(
         default=19, ge=0, le=19,
-        description="Process backend: the nice value of workers and their sessions, which share the flow's "
-                    "autogroup (or, with session_cgroups, its CPU group), so where both want a core the flow's process "
-                    "(it keeps the model endpoints busy) gets it first. 0: equal footing. Docker containers are "
-                    "cgroups of their own, weighed as one group.",
+        description="The weight, as a nice value, of the sandbox beside the flow's process: where both want a core "
+                    "the flow's process (it keeps the model endpoints busy, and relays every call) gets it first. "
+                    "Process backend: workers and their sessions run at it in the flow's autogroup (or, with "
+                    "session_cgroups, its CPU group). Docker: each worker container sits in the flow's CPU group "
+                    "weighing as one process at it, where the pool can make that group (root, a local engine with the "
+                    "cgroupfs driver on cgroup v1); elsewhere containers stay in the engine's group, the flow's "
+                    "equal. 0: equal footing.",
     )
     output_limit_bytes: int = Field(
         default=65536, ge=256, description="Output kept per call (what the agent sees); the rest is cut with a marker."

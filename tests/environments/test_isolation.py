@@ -24,6 +24,7 @@ from arenaforge.environments.runtime import UntrustedCodeRefused, create_pool
 from arenaforge.schemas.base import Provenance
 from arenaforge.schemas.models import Environment, FunctionDoc, ToolObservation
 from tests.environments.conftest import PoolHandle, sandbox_config, start_pool
+from tests.support.requirements import require_docker
 
 PROBES = r'''
 import ctypes, errno, json, os, signal, socket
@@ -700,6 +701,58 @@ def test_a_process_pool_weighs_its_workers_in_a_cpu_group_of_its_own_and_leaves_
     assert os.path.dirname(got["during"]) == (got["before"].rstrip("/") or "/")  # made under its own group
     assert got["after"] == got["before"]
     assert _cgroups_named(name) == []  # with its workers' groups inside it
+
+
+DOCKER_FLOW_GROUP_PROBE = """
+import asyncio, json, os
+from arenaforge.environments.runtime import create_pool
+from arenaforge.environments.runtime.worker import cgroups
+from tests.environments.conftest import sandbox_config
+from tests.environments.test_isolation import probes_env
+
+def cpu_group(pid="self"):
+    return next(line.split(":", 2)[2].strip() for line in open(f"/proc/{pid}/cgroup")
+                if "cpu" in line.split(":")[1].split(","))
+
+async def main():
+    before = cpu_group()
+    pool = await create_pool(sandbox_config("docker", pool_size=2, nice=19))
+    during = cpu_group()
+    session = await pool.open(probes_env())
+    result = await pool.call(session, "whoami", {})
+    group = "/sys/fs/cgroup/cpu" + during
+    containers = {name: open(os.path.join(group, name, "cpu.shares")).read().strip()
+                  for name in os.listdir(group) if os.path.isdir(os.path.join(group, name))}
+    await pool.shutdown()
+    print(json.dumps({"before": before, "during": during, "after": cpu_group(), "outcome": result.outcome,
+                      "containers": containers, "weight": cgroups.NICE_WEIGHT[19 + 20]}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.docker
+def test_a_docker_pool_puts_its_containers_in_its_own_cpu_group_at_its_nice_weight_and_leaves_none() -> None:
+    """The flow's process first on Docker too: a pool moves into a CPU group of its own and makes its containers
+    there, each weighing as one process at `sandbox.nice` beside it, not as the flow's equal under the engine's
+    group. When it stops it goes back, and its group goes, in every hierarchy the engine made it in."""
+    require_docker()
+    root = Path(__file__).parents[2]
+    done = subprocess.run([sys.executable, "-c", DOCKER_FLOW_GROUP_PROBE], capture_output=True, text=True,
+                          check=False, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["outcome"] == "ok"
+    name = os.path.basename(got["during"])
+    if not name.startswith("arenaforge-pool-"):
+        pytest.skip("optional: the pool cannot make a CPU group here (not root, or the engine is not local with the "
+                    "cgroupfs driver on cgroup v1)")
+    assert os.path.dirname(got["during"]) == (got["before"].rstrip("/") or "/")
+    assert len(got["containers"]) == 2  # both workers' containers, and nothing else
+    assert set(got["containers"].values()) == {str(got["weight"])}
+    assert got["after"] == got["before"]
+    left = [os.path.join(parent, d) for parent, dirs, _ in os.walk("/sys/fs/cgroup") for d in dirs if d == name]
+    assert left == []
 
 
 def _cgroups_named(name: str) -> list[str]:

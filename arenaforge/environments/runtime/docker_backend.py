@@ -21,6 +21,7 @@ from typing import Any
 from arenaforge.environments.runtime.deps import derived_image
 from arenaforge.environments.runtime.image import PYTHON_VERSION, WORKER_COMMAND, build_image
 from arenaforge.environments.runtime.transports import STREAM_LIMIT, Capabilities, Transport
+from arenaforge.environments.runtime.worker import cgroups
 from arenaforge.schemas.config import SandboxConfig
 from arenaforge.schemas.errors import SandboxError
 
@@ -178,14 +179,35 @@ class DockerLauncher:
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
         self.socket_channel = cfg.docker_socket_channel and _local_engine(base_url)
         self.cpus = cfg.cpus  # at most the engine's CPUs (`prepare`): it refuses a container more than it has
+        self.flow_group: str | None = None  # the cgroup parent of its containers ("": the engine's), `prepare`
 
     async def prepare(self) -> None:
         if self.client is None:
             self.client = await asyncio.to_thread(docker_client, 60, self.base_url)
         self.image = await asyncio.to_thread(build_image, self.client, self.cfg.image)
-        engine_cpus = (await asyncio.to_thread(self.client.info)).get("NCPU") or 0
+        info = await asyncio.to_thread(self.client.info)
+        engine_cpus = info.get("NCPU") or 0
         self.cpus = min(self.cfg.cpus, engine_cpus) if engine_cpus else self.cfg.cpus
         await asyncio.to_thread(self._reap_stale)
+        if self.flow_group is None:
+            self.flow_group = ""
+            if _local_engine(self.base_url) and (info.get("CgroupDriver"), str(info.get("CgroupVersion"))) == (
+                    "cgroupfs", "1"):
+                self.flow_group = await asyncio.to_thread(self._enter_flow_group)
+
+    def _enter_flow_group(self) -> str:
+        """The flow's process first, as on the process backend: its containers go into its CPU group (made here:
+        `cgroups.enter_pool_group`), each weighing as one process at `sandbox.nice` beside it. Under the engine's
+        own group they weighed as the flow's equal, and a hop of a neighbour's call (the flow's process, woken with a
+        reply) queued behind a busy session's core waited there up to a tick (docs/SANDBOX.md). Needs a local engine
+        with the cgroupfs driver on cgroup v1, and a pool run as root; elsewhere containers stay where the engine
+        puts them."""
+        if not cgroups.enter_pool_group():
+            return ""
+        parent = cgroups.pool_group_parent()
+        if not parent:
+            cgroups.leave_pool_group()
+        return parent
 
     def _reap_stale(self) -> None:
         """Remove containers left by pools of processes that died on this host."""
@@ -213,6 +235,9 @@ class DockerLauncher:
             memswap_limit=f"{cfg.container_memory_mb}m",
             pids_limit=cfg.container_pids,
             nano_cpus=int(self.cpus * 1e9),
+            # in the flow's CPU group, as one process at `sandbox.nice` (`_enter_flow_group`)
+            **({"cgroup_parent": self.flow_group, "cpu_shares": max(2, cgroups.NICE_WEIGHT[cfg.nice + 20])}
+               if self.flow_group else {}),
             cap_drop=["ALL"],
             # SETUID/SETGID: to drop each session to its own uid; SYS_ADMIN: to give each session private mounts,
             # IPC and network; sessions themselves hold no capability and a seccomp filter refuses those syscalls
@@ -274,6 +299,9 @@ class DockerLauncher:
     async def close(self) -> None:
         if self.client is not None:
             await asyncio.to_thread(self.client.close)
+        if self.flow_group:
+            self.flow_group = None
+            await asyncio.to_thread(cgroups.leave_pool_group)
 
 
 def _local_engine(base_url: str | None) -> bool:

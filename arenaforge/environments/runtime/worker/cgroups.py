@@ -390,12 +390,13 @@ _pool_group: dict = {}  # this process's CPU group while a process-backend pool 
 
 
 def enter_pool_group() -> str:
-    """Process backend: move this process (the pool's: the flow) into a CPU group of its own, `arenaforge-pool-<pid>`,
-    weighed as this process was (`cpu.shares` at its nice value), before it starts workers; they inherit the group and
-    make their sessions' groups inside it. There each session weighs as one however many processes it runs, and the
-    workers, at `sandbox.nice`, still yield the CPU to this process, as they did in its autogroup. A group of the
-    workers' own beside it would weigh as an equal of every autogroup on the host (docs/SANDBOX.md). Returns the
-    group, or "" where it cannot be made (not root, no writable cpu hierarchy); pools of one process share it."""
+    """Move this process (the pool's: the flow) into a CPU group of its own, `arenaforge-pool-<pid>`, weighed as this
+    process was (`cpu.shares` at its nice value), before it starts workers. Process backend: they inherit the group
+    and make their sessions' groups inside it; Docker: their containers are made in it (`pool_group_parent`). There
+    each session weighs as one however many processes it runs, and the workers (containers), at `sandbox.nice`,
+    still yield the CPU to this process, as they did in its autogroup. A group of the workers' own beside it would
+    weigh as an equal of every autogroup on the host (docs/SANDBOX.md). Returns the group, or "" where it cannot be
+    made (not root, no writable cpu hierarchy); pools of one process share it."""
     if _pool_group:
         _pool_group["users"] += 1
         return _pool_group["path"]
@@ -406,7 +407,8 @@ def enter_pool_group() -> str:
         if "cpu" not in mounts or "cpu" not in own or not mounts["cpu"][2]:
             return ""
         home = _bases("", mounts, own, ("cpu",))["cpu"]
-        _remove_stale(home, POOL_PREFIX)
+        for hierarchy in _every_hierarchy(_cpu_hierarchy_path(home)):
+            _remove_stale(hierarchy, POOL_PREFIX)  # a Docker pool's groups in other hierarchies as well
         path = os.path.join(home, f"{POOL_PREFIX}{os.getpid()}")
         os.makedirs(path, exist_ok=True)
         _write(path, "cpu.shares", _weight())
@@ -418,19 +420,53 @@ def enter_pool_group() -> str:
 
 
 def leave_pool_group() -> None:
-    """The last pool of this process is gone: back to the group it came from, and its group removed."""
+    """The last pool of this process is gone: back to the group it came from, and its group removed (with the groups
+    of that name a Docker engine made beside it in its other hierarchies: `pool_group_parent`)."""
     if not _pool_group:
         return
     _pool_group["users"] -= 1
     if _pool_group["users"] > 0:
         return
     path, home = _pool_group["path"], _pool_group["home"]
+    parent = pool_group_parent()
     _pool_group.clear()
     try:
         _write(home, "cgroup.procs", os.getpid())
     except OSError:
         return
-    _remove_tree(path)
+    groups = [path, *_every_hierarchy(parent)]
+    deadline = time.monotonic() + CLEANUP_S
+    while any(os.path.exists(group) for group in groups) and time.monotonic() < deadline:
+        for group in groups:
+            _remove_tree(group)
+        time.sleep(0.05)  # a container's groups go a moment after it is removed
+
+
+def pool_group_parent() -> str:
+    """The pool's CPU group as a Docker engine with the cgroupfs driver names a cgroup parent: its path in the
+    hierarchy (`/arenaforge-pool-<pid>`), or "" without one. A container made with it sits beside this process in its
+    group, weighed against it at its `cpu.shares` (docs/SANDBOX.md, "The flow's process first, on Docker too"); the
+    engine makes the same path in its other hierarchies (memory, pids, ...)."""
+    return _cpu_hierarchy_path(_pool_group["path"]) if _pool_group else ""
+
+
+def _cpu_hierarchy_path(group: str) -> str:
+    """The path in the cpu hierarchy (as /proc/<pid>/cgroup gives it) of the cpu group directory `group`."""
+    point, root, _ = _mounts()["cpu"]
+    return os.path.normpath(os.path.join(root, os.path.relpath(group, point)))
+
+
+def _every_hierarchy(path: str) -> list[str]:
+    """Where hierarchy path `path` is in each cgroup hierarchy mounted here (v1, and a hybrid host's v2 beside them)."""
+    found = set()
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            head, _, tail = line.partition(" - ")
+            fields, extra = head.split(), tail.split()
+            root = fields[3].rstrip("/") + "/"
+            if extra and extra[0] in ("cgroup", "cgroup2") and (path + "/").startswith(root):
+                found.add(os.path.normpath(os.path.join(fields[4], os.path.relpath(path, fields[3]))))
+    return sorted(found)
 
 
 def _remove_stale(home: str, prefix: str) -> None:
