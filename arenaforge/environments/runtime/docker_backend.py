@@ -193,7 +193,7 @@ class DockerLauncher:
             self.flow_group = ""
             if _local_engine(self.base_url) and (info.get("CgroupDriver"), str(info.get("CgroupVersion"))) == (
                     "cgroupfs", "1"):
-                self.flow_group = await asyncio.to_thread(self._enter_flow_group)
+                self.flow_group = self._enter_flow_group()  # a few cgroup writes, as the process backend's
 
     def _enter_flow_group(self) -> str:
         """The flow's process first, as on the process backend: its containers go into its CPU group (made here:
@@ -301,7 +301,7 @@ class DockerLauncher:
             await asyncio.to_thread(self.client.close)
         if self.flow_group:
             self.flow_group = None
-            await asyncio.to_thread(cgroups.leave_pool_group)
+            await asyncio.to_thread(cgroups.leave_pool_group, cgroups.CLEANUP_S)
 
 
 def _local_engine(base_url: str | None) -> bool:

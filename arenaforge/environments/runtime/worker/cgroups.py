@@ -18,6 +18,7 @@ container's own group, so nothing outside the container is reachable.
 
 import ctypes
 import os
+import threading
 import time
 
 CONTROLLERS = ("memory", "pids", "cpu", "cpuset")
@@ -386,7 +387,8 @@ def cleanup(bases: dict[str, str]) -> None:
 
 PREFIX = "arenaforge-worker-"
 POOL_PREFIX = "arenaforge-pool-"
-_pool_group: dict = {}  # this process's CPU group while a process-backend pool uses it: {"path", "home", "users"}
+_pool_group: dict = {}  # this process's CPU group while a pool uses it: {"path", "home", "users"}
+_pool_group_lock = threading.Lock()  # pools of one process may start and stop on event loops of several threads
 
 
 def enter_pool_group() -> str:
@@ -397,6 +399,12 @@ def enter_pool_group() -> str:
     still yield the CPU to this process, as they did in its autogroup. A group of the workers' own beside it would
     weigh as an equal of every autogroup on the host (docs/SANDBOX.md). Returns the group, or "" where it cannot be
     made (not root, no writable cpu hierarchy); pools of one process share it."""
+    with _pool_group_lock:
+        return _enter_pool_group()
+
+
+def _enter_pool_group() -> str:
+    """`enter_pool_group`, under its lock."""
     if _pool_group:
         _pool_group["users"] += 1
         return _pool_group["path"]
@@ -419,27 +427,36 @@ def enter_pool_group() -> str:
     return path
 
 
-def leave_pool_group() -> None:
+def leave_pool_group(wait_s: float = 0.0) -> None:
     """The last pool of this process is gone: back to the group it came from, and its group removed (with the groups
-    of that name a Docker engine made beside it in its other hierarchies: `pool_group_parent`)."""
+    of that name a Docker engine made beside it in its other hierarchies: `pool_group_parent`), waiting up to
+    `wait_s` for what is still in them to go (a container's groups go a moment after it is removed)."""
+    with _pool_group_lock:
+        groups = _leave_pool_group()
+    deadline = time.monotonic() + wait_s
+    while True:
+        for group in groups:
+            _remove_tree(group)
+        if not any(os.path.exists(group) for group in groups) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
+
+
+def _leave_pool_group() -> list[str]:
+    """`leave_pool_group` under its lock: the groups to remove, once this process has left them."""
     if not _pool_group:
-        return
+        return []
     _pool_group["users"] -= 1
     if _pool_group["users"] > 0:
-        return
+        return []
     path, home = _pool_group["path"], _pool_group["home"]
     parent = pool_group_parent()
     _pool_group.clear()
     try:
         _write(home, "cgroup.procs", os.getpid())
     except OSError:
-        return
-    groups = [path, *_every_hierarchy(parent)]
-    deadline = time.monotonic() + CLEANUP_S
-    while any(os.path.exists(group) for group in groups) and time.monotonic() < deadline:
-        for group in groups:
-            _remove_tree(group)
-        time.sleep(0.05)  # a container's groups go a moment after it is removed
+        return []
+    return [path, *_every_hierarchy(parent)]
 
 
 def pool_group_parent() -> str:
