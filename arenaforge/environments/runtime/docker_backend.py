@@ -202,12 +202,7 @@ class DockerLauncher:
         reply) queued behind a busy session's core waited there up to a tick (docs/SANDBOX.md). Needs a local engine
         with the cgroupfs driver on cgroup v1, and a pool run as root; elsewhere containers stay where the engine
         puts them."""
-        if not cgroups.enter_pool_group():
-            return ""
-        parent = cgroups.pool_group_parent()
-        if not parent:
-            cgroups.leave_pool_group()
-        return parent
+        return cgroups.pool_group_parent() if cgroups.enter_pool_group() else ""
 
     def _reap_stale(self) -> None:
         """Remove containers left by pools of processes that died on this host."""

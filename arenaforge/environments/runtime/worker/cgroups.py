@@ -38,19 +38,26 @@ MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 YIELD_DIVISOR = 8
 
 
-def _mounts() -> dict[str, tuple[str, str, bool]]:
-    """controller -> (mount point, root of the mount, writable) for this process's cgroup v1 mounts."""
-    found: dict[str, tuple[str, str, bool]] = {}
+def _cgroup_mounts() -> list[tuple[str, list[str], str, str, bool]]:
+    """(filesystem type, its options, mount point, root of the mount, writable) of each cgroup mount this process
+    sees (v1, and a hybrid host's v2), in mount order."""
+    found = []
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             head, _, tail = line.partition(" - ")
             fields, extra = head.split(), tail.split()
-            if len(extra) < 3 or extra[0] != "cgroup":
-                continue
-            writable = "rw" in fields[5].split(",")
-            for option in extra[2].split(","):
-                if option in CONTROLLERS:
-                    found[option] = (fields[4], fields[3], writable)  # the last mount of a path wins, as it does there
+            if len(extra) >= 3 and extra[0] in ("cgroup", "cgroup2"):
+                found.append((extra[0], extra[2].split(","), fields[4], fields[3], "rw" in fields[5].split(",")))
+    return found
+
+
+def _mounts() -> dict[str, tuple[str, str, bool]]:
+    """controller -> (mount point, root of the mount, writable) for this process's cgroup v1 mounts."""
+    found: dict[str, tuple[str, str, bool]] = {}
+    for fstype, options, point, root, writable in _cgroup_mounts():
+        for option in options if fstype == "cgroup" else ():
+            if option in CONTROLLERS:
+                found[option] = (point, root, writable)  # the last mount of a path wins, as it does there
     return found
 
 
@@ -475,15 +482,9 @@ def _cpu_hierarchy_path(group: str) -> str:
 
 def _every_hierarchy(path: str) -> list[str]:
     """Where hierarchy path `path` is in each cgroup hierarchy mounted here (v1, and a hybrid host's v2 beside them)."""
-    found = set()
-    with open("/proc/self/mountinfo") as fh:
-        for line in fh:
-            head, _, tail = line.partition(" - ")
-            fields, extra = head.split(), tail.split()
-            root = fields[3].rstrip("/") + "/"
-            if extra and extra[0] in ("cgroup", "cgroup2") and (path + "/").startswith(root):
-                found.add(os.path.normpath(os.path.join(fields[4], os.path.relpath(path, fields[3]))))
-    return sorted(found)
+    return sorted({os.path.normpath(os.path.join(point, os.path.relpath(path, root)))
+                   for _, _, point, root, _ in _cgroup_mounts()
+                   if (path + "/").startswith(root.rstrip("/") + "/")})
 
 
 def _remove_stale(home: str, prefix: str) -> None:
