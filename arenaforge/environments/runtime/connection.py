@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from arenaforge.environments.runtime import placement
 from arenaforge.environments.runtime.transports import Transport
 
 log = logging.getLogger("arenaforge.sandbox")
@@ -76,6 +77,9 @@ class WorkerConnection:
                 except ValueError:
                     why = f"the worker sent a malformed reply: {line[:200]!r}"
                     break
+                if isinstance(msg, dict) and "calm" in msg and "id" not in msg:
+                    self._keep_calm(msg["calm"])
+                    continue
                 fut = self.pending.pop(msg.get("id"), None) if isinstance(msg, dict) else None
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
@@ -88,6 +92,13 @@ class WorkerConnection:
             why = f"{why} ({ended})" if ended else why
         self.mark_dead(why)
 
+    def _keep_calm(self, cores: object) -> None:
+        """The worker runs its sessions that are not pinned off a busy one's cores: this process's thread keeps to
+        the same cores (`placement`), where they are this host's."""
+        if getattr(self.transport, "shares_host_cores", False) and isinstance(cores, list) \
+                and all(isinstance(core, int) for core in cores):
+            placement.keep_calm(self, cores)
+
     async def settled(self) -> None:
         """Once a dead worker's death is known in full (its exit status, read right after its output closed)."""
         if not self.finished and not self.reader.done():
@@ -99,6 +110,7 @@ class WorkerConnection:
         self.finished = True
         self.alive = False
         self.death = why
+        placement.forget(self)
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(WorkerGone(why))

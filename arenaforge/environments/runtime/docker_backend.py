@@ -44,6 +44,7 @@ class DockerTransport:
         self.container = container
         self.engine = engine  # the engine's address ("" for the default one)
         self.name = f"docker-{container.short_id}"
+        self.shares_host_cores = _local_engine(engine or None)  # a container's cores are its engine's host's
         self.reader = reader
         self.writer = writer
         # what docker-py's attach_socket returned, kept for as long as the worker lives: it holds the HTTP response

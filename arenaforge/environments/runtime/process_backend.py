@@ -30,6 +30,7 @@ class ProcessTransport:
     def __init__(self, proc: asyncio.subprocess.Process, name: str) -> None:
         self.proc = proc
         self.name = name
+        self.shares_host_cores = True
         self.stderr: collections.deque[bytes] = collections.deque(maxlen=STDERR_LINES)
         self.stderr_done = asyncio.get_running_loop().create_task(self._drain_stderr())
         self.cgroups_removed = False

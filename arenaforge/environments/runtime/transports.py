@@ -18,6 +18,7 @@ STREAM_LIMIT = 1 << 26  # longest reply line accepted from a worker (64 MiB)
 
 class Transport(Protocol):
     name: str
+    shares_host_cores: bool  # the worker's CPUs are this host's, by number (`placement`)
 
     def write(self, data: bytes) -> None:
         """Queue bytes for the worker (non-blocking)."""

@@ -8,6 +8,8 @@ into a zygote, and splices the arguments into the line it sends the session.
     pool -> worker   {"id", "op": "hello"|"ping"|"load"|"unload"|"open"|"call"|"close", ...} [+ body]
     worker -> pool   {"id", "ok": ...} | {"id", "outcome", "output", "error", "traceback", "truncated"}
                      | {"id", "failure": FAILURE, "error"}    (the sandbox failed, not the tool)
+                     | {"calm": [cores]}   (no request's: where the worker and its sessions not pinned run
+                                            while a session is pinned, [] once none is: `sessions._keep_calm`)
     worker -> session  {"nonce", "tool", "args"}   (the arguments spliced in as the pool sent them, unparsed)
     session -> worker  {"nonce", "ready": true} | {"nonce", "ready": false, "error"}
                      | {"nonce", "outcome", "output", "error", "traceback", "truncated"}

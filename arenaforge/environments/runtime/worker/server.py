@@ -91,6 +91,9 @@ class Server(SessionServer):
         if msg.get("id") is not None:
             self.outq.append(encode(msg))
 
+    def notify(self, msg: dict) -> None:
+        self.outq.append(encode(msg))
+
     def _flush(self) -> None:
         """Replies of one loop turn leave in one write."""
         if self.outq:
@@ -183,6 +186,7 @@ class Server(SessionServer):
                 "templates": len(self.templates),
                 # sessions held to fewer cores while (or since) a call ran long (`sessions._look_at_long_request`)
                 "pinned": {s.sid: s.pinned for s in self.sessions.values() if s.pinned},
+                "calm": self.calm,  # where the worker and its other sessions run meanwhile (`sessions._keep_calm`)
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
                 "group_throttled": cgroups.throttled(self.limits.get("cgroups") or {}), **self.info_extra}
 

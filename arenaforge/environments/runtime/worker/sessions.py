@@ -36,7 +36,7 @@ IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thr
 class Session:
     __slots__ = ("sid", "key", "uid", "scratch", "pid", "sock", "rbuf", "wbuf", "pending", "queue", "lost",
                  "nonce", "serial", "spawn", "deadline", "clock", "spare", "isolated", "status", "dying", "watching",
-                 "stray", "fault", "idle_cpu", "yielding", "pinned")
+                 "stray", "fault", "idle_cpu", "yielding", "pinned", "held")
 
     def __init__(self, sid: str, key: str) -> None:
         self.sid, self.key = sid, key
@@ -57,6 +57,7 @@ class Session:
         self.idle_cpu: tuple[int, float] | None = None  # (serial, CPU s) at the first sweep since that request
         self.yielding = False  # its request ran long: its group weighs less until its next request is sent
         self.pinned: list[int] = []  # its request ran long: the cores its tasks may run on until then
+        self.held: list[int] = []  # the cores its cpuset was last set to ([]: every core its worker has)
 
 
 class SessionServer:
@@ -78,9 +79,14 @@ class SessionServer:
         self.serials = itertools.count(1)
         self.next_sweep = 0.0
         self.cores: list[int] = []  # where sessions may run (`cgroups.cores`); fewer while their request runs long
+        self.calm: list[int] = []  # the cores no pinned session holds, while one does: the rest run there (`_keep_calm`)
         self.core_offset = random.randrange(1 << 16)  # where this worker starts pinning, so workers spread
 
     def reply(self, msg: dict) -> None:
+        raise NotImplementedError
+
+    def notify(self, msg: dict) -> None:
+        """Send the pool a message that answers no request."""
         raise NotImplementedError
 
     def _alloc_uid(self) -> int:
@@ -259,6 +265,8 @@ class SessionServer:
             # a call that ran long leaves its session weighed down and on its cores until its next request is sent:
             # between calls a session has no work, and a thread its call left spinning gets no more
             self.reply({"id": req["id"], **msg})
+            if sess.pinned:
+                self._keep_calm()  # its core is no longer kept clear for it
         elif "ready" not in msg:
             sess.pending = req
             return
@@ -267,6 +275,8 @@ class SessionServer:
             self._finish(sess, None, f"loading the tool code left {_processes(strays)} running", req)
             return
         elif msg["ready"]:
+            if self.calm:
+                self._keep_calm()  # off a busy session's core from its first call
             self.reply({"id": req["id"], "ok": True})
         else:
             self._kill(sess)
@@ -286,6 +296,8 @@ class SessionServer:
         if now < self.next_sweep:
             return
         self.next_sweep = now + STRAY_SWEEP_S
+        if self.calm:
+            self._keep_calm()  # sessions started since the last change (they start on every core)
         for sess in list(self.sessions.values()):
             if sess.pending is not None or not sess.isolated or sess.sock is None:
                 continue
@@ -390,8 +402,8 @@ class SessionServer:
         elapsed = now - sess.clock.started
         if self._pinnable(sess) and (self._few_sessions() or cgroups.tasks(bases, sess.uid) > 1):
             sess.pinned = self._quietest_cores(int(self.limits["busy_session_cores"]))
-            cgroups.pin(bases, sess.uid, sess.pinned)
             self._lighten(sess)
+            self._keep_calm()
             return
         if elapsed >= YIELD_AFTER_S:
             self._lighten(sess)
@@ -405,15 +417,41 @@ class SessionServer:
             cgroups.weigh(self.limits.get("cgroups") or {}, sess.uid, True)
 
     def _restore(self, sess: Session) -> None:
-        """Its worker's weight and every core again; cgroup writes only where they changed (a call answered before it
-        was looked at, nearly all of them, costs none)."""
+        """Its worker's weight and every core again (the calm ones while another session is pinned: `_keep_calm`);
+        cgroup writes only where they changed (a call answered before it was looked at, nearly all of them, costs
+        none)."""
         bases = self.limits.get("cgroups") or {}
         if sess.yielding:
             sess.yielding = False
             cgroups.weigh(bases, sess.uid, False)
         if sess.pinned:
             sess.pinned = []
-            cgroups.pin(bases, sess.uid, [])
+            self._keep_calm()
+
+    def _keep_calm(self) -> None:
+        """Each session on its cores, and everything else off the busy ones: while a pinned session's call runs, the
+        worker and every other session run on the cores no such call holds, and the pool is told which, so that its
+        thread does too; every core again once none runs. Why: a busy session's processes spend much of their time
+        in the kernel (forking, faulting, creating files), where this kernel (`PREEMPT_NONE`) does not preempt them,
+        so a hop of a neighbour's call woken onto their core waited there, 1-4 ms; kept off it, none does
+        (docs/SANDBOX.md, "A busy session's core is its own"). A session that answered keeps its pin until its next
+        request, but no core is kept clear for it: an idle session would otherwise take a core from all the others
+        for as long as it waits. Where every core runs a pinned call, nothing is kept off any. cpuset writes only
+        where a session's cores change."""
+        busy = {core for s in self.sessions.values() if s.pending is not None for core in s.pinned}
+        calm = [core for core in self.cores if core not in busy] if busy else []
+        bases = self.limits.get("cgroups") or {}
+        for sess in self.sessions.values():
+            if sess.uid and sess.held != (cores := sess.pinned or calm):
+                cgroups.pin(bases, sess.uid, cores)
+                sess.held = cores
+        if calm != self.calm:
+            self.calm = calm
+            try:
+                os.sched_setaffinity(0, calm or self.cores)
+            except OSError:  # a core taken from this worker's cpuset meanwhile: the next change tries again
+                pass
+            self.notify({"calm": calm})
 
     def _quietest_cores(self, wanted: int) -> list[int]:
         """The `wanted` cores the fewest of this worker's sessions are pinned to; ties in an order of this worker's
@@ -487,7 +525,7 @@ class SessionServer:
             sess.sock.close()
             sess.sock = None
         pid, sess.pid, sess.dying = sess.pid, 0, False
-        sess.yielding, sess.pinned = False, []  # its groups go with its uid: no claim on a core is left behind
+        pinned, sess.yielding, sess.pinned, sess.held = sess.pinned, False, [], []  # its groups go with its uid
         self.by_pid.pop(pid, None)
         fallback_scratch = None if self.limits["namespaces"] else sess.scratch
         if sess.uid:
@@ -498,6 +536,8 @@ class SessionServer:
             policy.kill_group(pid)
             if fallback_scratch:
                 shutil.rmtree(fallback_scratch, ignore_errors=True)
+        if pinned:
+            self._keep_calm()  # no claim on a core is left behind
 
 
 def _processes(n: int) -> str:
