@@ -25,6 +25,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from arenaforge.schemas.errors import InputError
+
 TOOL_CODE = '''\
 import time
 
@@ -141,7 +143,10 @@ async def main(
 
     logging.basicConfig(level=logging.WARNING)
     conc_levels = [int(x) for x in levels.split(",") if x.strip()]
-    chosen = {name: WORKLOADS[name] for name in workloads.split(",") if name.strip()}
+    names = [name.strip() for name in workloads.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in WORKLOADS]:
+        raise InputError(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(WORKLOADS)}")
+    chosen = {name: WORKLOADS[name] for name in names}
     base = load_config().sandbox
     cfg = base.model_copy(
         update={

@@ -47,3 +47,11 @@ def test_an_unknown_attack_is_one_line() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, "
                                    "busy_thread, fork_bomb, newlines, files, memory")
+
+
+def test_an_unknown_sandbox_workload_is_one_line() -> None:
+    """`bench sandbox --workloads cpu` ended in a KeyError traceback."""
+    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "sandbox", "--workloads", "cpu"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "error: unknown workload(s) cpu; choose from trivial, cpu50ms"
