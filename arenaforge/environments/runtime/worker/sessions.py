@@ -264,9 +264,10 @@ class SessionServer:
                 return
             # a call that ran long leaves its session weighed down and on its cores until its next request is sent:
             # between calls a session has no work, and a thread its call left spinning gets no more
-            self.reply({"id": req["id"], **msg})
             if sess.pinned:
-                self._keep_calm()  # its core is no longer kept clear for it
+                self._keep_calm()  # its core is no longer kept clear for it (said before the reply: the pool's
+                # thread has every core back by the time the caller sees the answer)
+            self.reply({"id": req["id"], **msg})
         elif "ready" not in msg:
             sess.pending = req
             return
