@@ -84,7 +84,8 @@ def test_a_process_session_runs_at_the_configured_nice_value_in_the_pools_autogr
 HOLD = Environment(
     name="hold", tools=[FunctionDoc(name="hold", description="Wait for SIGUSR1; say who waited."),
                         FunctionDoc(name="who", description="Say who answers."),
-                        FunctionDoc(name="cores", description="The cores this session may run on.")],
+                        FunctionDoc(name="cores", description="The cores this session may run on."),
+                        FunctionDoc(name="hold_leaving", description="Leave a process running, then hold.")],
     code=textwrap.dedent("""
         import os, signal
 
@@ -96,6 +97,14 @@ HOLD = Environment(
 
         def hold():
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            signal.sigwait({signal.SIGUSR1})
+            return str(os.getuid())
+
+        def hold_leaving():
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            if os.fork() == 0:  # left running: the call's `limit`, and the session ends
+                while True:
+                    signal.pause()
             signal.sigwait({signal.SIGUSR1})
             return str(os.getuid())
         """))
@@ -200,9 +209,54 @@ def test_while_a_call_runs_long_the_worker_its_other_sessions_and_the_pool_keep_
             return during["pinned"].get(busy.id, []), during, seen, mine, after, seen_after, mine_after
 
     pinned, during, seen, mine, after, seen_after, mine_after = asyncio.run(scenario())
-    assert len(pinned) == 1 and during["calm"] == [core for core in every if core not in pinned], (pinned, during["pinned"], during["calm"])
+    assert len(pinned) == 1, during["pinned"]
+    assert during["calm"] == [core for core in every if core not in pinned], (pinned, during["calm"])
     assert mine == during["calm"]  # the pool's thread, on the other cores
     assert [int(core) for core in seen] == during["calm"]  # and the other session
+    assert after["calm"] == [] and [int(core) for core in seen_after] == every and mine_after == every
+
+
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_a_busy_session_that_ends_gives_its_core_back_once_its_processes_are_gone(backend: str) -> None:
+    """Its processes die on the core it was pinned to, and dying is kernel work too (a memfd freed, 60 processes torn
+    down), so the others keep off that core until its group is empty; then every core, not one kept clear for good."""
+    if os.geteuid() != 0:
+        pytest.skip("session cpusets need a root worker")
+    if backend == "docker":
+        require_docker()
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 2:
+        pytest.skip("optional: one core here, so there is no other core to keep")
+
+    async def scenario() -> tuple[str, list, dict, list, list]:
+        cfg = SandboxConfig(backend=backend, pool_size=1, process_cpu_groups=True)  # type: ignore[arg-type]
+        async with await create_pool(cfg) as pool:
+            busy, neighbour = await pool.open(HOLD), await pool.open(HOLD)
+            if "cpuset" not in busy.worker.info.get("cgroups", []):
+                pytest.skip(f"no session cpusets here: {busy.worker.info.get('cgroups_missing')}")
+            container = getattr(busy.worker.transport, "container", None)
+            group = f"{container.id if container else ''}/{busy.worker.info['cgroup_name']}-u"
+            group += (await pool.call(busy, "who", {})).output
+            call = asyncio.create_task(pool.call(busy, "hold_leaving", {}, timeout_s=60))
+            while not ((during := (await pool.ping())[0])["pinned"].get(busy.id) and during["calm"]) \
+                    and not call.done():
+                await asyncio.sleep(0.01)
+            for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cpu_group(p).endswith(group)]:
+                os.kill(pid, signal.SIGUSR1)  # the child it left has it blocked as well
+            ended = await call
+            for _ in range(6000):  # until its processes are gone and its group removed (or the 2 s cap)
+                if not (after := (await pool.ping())[0])["calm"]:
+                    break
+                await asyncio.sleep(0.01)
+            for _ in range(100):  # a call that waits 1 ms for a CPU on a loaded machine is pinned itself
+                seen_after = (await pool.call(neighbour, "cores", {})).output.split()
+                if len(seen_after) == len(every):
+                    break
+            return ended.outcome, during["calm"], after, seen_after, sorted(os.sched_getaffinity(0))
+
+    outcome, calm, after, seen_after, mine_after = asyncio.run(scenario())
+    assert outcome == "limit"  # the process it left ended the session
+    assert len(calm) == len(every) - 1  # kept clear while its call ran
     assert after["calm"] == [] and [int(core) for core in seen_after] == every and mine_after == every
 
 

@@ -335,6 +335,8 @@ class Server(SessionServer):
             if cgroups.remove(self.limits.get("cgroups") or {}, uid):
                 self.groups_to_remove.discard(uid)
                 self.uids_used.discard(uid)
+                if self.dying_cores.pop(uid, None):
+                    self._keep_calm()  # its processes are gone: its core is free for the others again
 
     def _shutdown(self) -> None:
         self._flush()

@@ -29,6 +29,7 @@ YIELD_AFTER_S = 0.005  # a request in flight this long weighs less among its wor
 PIN_AFTER_S = 0.001
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
 STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes, or CPU use, between calls
+DYING_CALM_S = 2.0  # the longest a killed session's core is kept clear while its processes die (`_kill`)
 IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thread left running), its `limit`. Not
 # less: BLAS worker threads spin up to ~0.1 s each after their last job
 
@@ -79,7 +80,9 @@ class SessionServer:
         self.serials = itertools.count(1)
         self.next_sweep = 0.0
         self.cores: list[int] = []  # where sessions may run (`cgroups.cores`); fewer while their request runs long
-        self.calm: list[int] = []  # the cores no pinned session holds, while one does: the rest run there (`_keep_calm`)
+        self.calm: list[int] = []  # the cores no pinned call holds, while one runs: the rest run there (`_keep_calm`)
+        self.dying_cores: dict[int, tuple[list[int], float]] = {}  # uid -> (its pinned cores, until when) while its
+        # processes die there: exiting is kernel work too (freeing a memfd, tearing down 60 processes)
         self.core_offset = random.randrange(1 << 16)  # where this worker starts pinning, so workers spread
 
     def reply(self, msg: dict) -> None:
@@ -297,8 +300,11 @@ class SessionServer:
         if now < self.next_sweep:
             return
         self.next_sweep = now + STRAY_SWEEP_S
+        for uid, (_, until) in list(self.dying_cores.items()):
+            if until <= now:  # a process that will not die: its core is not kept clear for it any longer
+                del self.dying_cores[uid]
         if self.calm:
-            self._keep_calm()  # sessions started since the last change (they start on every core)
+            self._keep_calm()  # sessions started since the last change (they start on every core), or dying ones gone
         for sess in list(self.sessions.values()):
             if sess.pending is not None or not sess.isolated or sess.sock is None:
                 continue
@@ -440,6 +446,7 @@ class SessionServer:
         for as long as it waits. Where every core runs a pinned call, nothing is kept off any. cpuset writes only
         where a session's cores change."""
         busy = {core for s in self.sessions.values() if s.pending is not None for core in s.pinned}
+        busy.update(core for cores, _ in self.dying_cores.values() for core in cores)
         calm = [core for core in self.cores if core not in busy] if busy else []
         bases = self.limits.get("cgroups") or {}
         for sess in self.sessions.values():
@@ -530,6 +537,8 @@ class SessionServer:
         self.by_pid.pop(pid, None)
         fallback_scratch = None if self.limits["namespaces"] else sess.scratch
         if sess.uid:
+            if pinned:
+                self.dying_cores[sess.uid] = (pinned, time.monotonic() + DYING_CALM_S)
             helper = policy.kill_uid(sess.uid, fallback_scratch, self.limits.get("cgroups"))
             self.helpers[helper] = sess.uid  # the uid is free once it finished
             sess.uid = 0
