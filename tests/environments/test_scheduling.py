@@ -168,42 +168,17 @@ def test_while_a_call_runs_long_the_worker_its_other_sessions_and_the_pool_keep_
     While a session's pinned call runs, the worker, its other sessions and the pool's thread run on the other cores;
     they get every core back once it answers. The call is held open until the host signals it, so nothing here
     depends on how fast anything runs."""
-    if os.geteuid() != 0:
-        pytest.skip("session cpusets need a root worker")
-    if backend == "docker":
-        require_docker()
-    every = sorted(os.sched_getaffinity(0))
-    if len(every) < 2:
-        pytest.skip("optional: one core here, so there is no other core to keep")
+    every = _cores_to_keep(backend)
 
     async def scenario() -> tuple[list, dict, list, list, dict, list, list]:
-        cfg = SandboxConfig(backend=backend, pool_size=1, process_cpu_groups=True)  # type: ignore[arg-type]
-        async with await create_pool(cfg) as pool:
-            busy, neighbour = await pool.open(HOLD), await pool.open(HOLD)
-            if "cpuset" not in busy.worker.info.get("cgroups", []):
-                pytest.skip(f"no session cpusets here: {busy.worker.info.get('cgroups_missing')}")
-            container = getattr(busy.worker.transport, "container", None)
-            group = f"{container.id if container else ''}/{busy.worker.info['cgroup_name']}-u"
-            group += (await pool.call(busy, "who", {})).output
-            call = asyncio.create_task(pool.call(busy, "hold", {}, timeout_s=60))
-            # pinned 1 ms after it was sent (or its 60 s limit: the asserts say so); `who` may have left it pinned
-            # already, if it waited 1 ms for a CPU, but then with no call in flight, so with no core kept calm
-            while not ((during := (await pool.ping())[0])["pinned"].get(busy.id) and during["calm"]) \
-                    and not call.done():
-                await asyncio.sleep(0.01)
+        async with await create_pool(_grouped(backend)) as pool:
+            busy, neighbour, group, call, during = await _busy_beside(pool, "hold")
             mine = sorted(os.sched_getaffinity(0))  # this pool's thread, told before that reply
             # the other session's cores (pinned as well, if its call waits 1 ms for a CPU: then to the other core)
             seen = (await pool.call(neighbour, "cores", {})).output.split()
-            pid = next((int(p) for p in os.listdir("/proc") if p.isdigit() and _cpu_group(p).endswith(group)), 0)
-            if pid and not call.done():
-                os.kill(pid, signal.SIGUSR1)
+            _release(group)
             assert (held := await call).outcome == "ok", held
-            # every core again; a call that waits 1 ms for a CPU on a loaded machine is pinned itself, so ask until
-            # one answers sooner (never, if the others were left off a core)
-            for _ in range(100):
-                seen_after = (await pool.call(neighbour, "cores", {})).output.split()
-                if len(seen_after) == len(every):
-                    break
+            seen_after = await _cores_once_free(pool, neighbour, every)
             mine_after = sorted(os.sched_getaffinity(0))
             after = (await pool.ping())[0]
             return during["pinned"].get(busy.id, []), during, seen, mine, after, seen_after, mine_after
@@ -220,6 +195,28 @@ def test_while_a_call_runs_long_the_worker_its_other_sessions_and_the_pool_keep_
 def test_a_busy_session_that_ends_gives_its_core_back_once_its_processes_are_gone(backend: str) -> None:
     """Its processes die on the core it was pinned to, and dying is kernel work too (a memfd freed, 60 processes torn
     down), so the others keep off that core until its group is empty; then every core, not one kept clear for good."""
+    every = _cores_to_keep(backend)
+
+    async def scenario() -> tuple[str, list, dict, list, list]:
+        async with await create_pool(_grouped(backend)) as pool:
+            _, neighbour, group, call, during = await _busy_beside(pool, "hold_leaving")
+            _release(group)  # the child it left has the signal blocked as well
+            ended = await call
+            for _ in range(6000):  # until its processes are gone and its group removed (or the 2 s cap)
+                if not (after := (await pool.ping())[0])["calm"]:
+                    break
+                await asyncio.sleep(0.01)
+            seen_after = await _cores_once_free(pool, neighbour, every)
+            return ended.outcome, during["calm"], after, seen_after, sorted(os.sched_getaffinity(0))
+
+    outcome, calm, after, seen_after, mine_after = asyncio.run(scenario())
+    assert outcome == "limit"  # the process it left ended the session
+    assert len(calm) == len(every) - 1  # kept clear while its call ran
+    assert after["calm"] == [] and [int(core) for core in seen_after] == every and mine_after == every
+
+
+def _cores_to_keep(backend: str) -> list[int]:
+    """This host's cores, or a skip where no core can be kept clear (one core, no root, no Docker)."""
     if os.geteuid() != 0:
         pytest.skip("session cpusets need a root worker")
     if backend == "docker":
@@ -227,37 +224,45 @@ def test_a_busy_session_that_ends_gives_its_core_back_once_its_processes_are_gon
     every = sorted(os.sched_getaffinity(0))
     if len(every) < 2:
         pytest.skip("optional: one core here, so there is no other core to keep")
+    return every
 
-    async def scenario() -> tuple[str, list, dict, list, list]:
-        cfg = SandboxConfig(backend=backend, pool_size=1, process_cpu_groups=True)  # type: ignore[arg-type]
-        async with await create_pool(cfg) as pool:
-            busy, neighbour = await pool.open(HOLD), await pool.open(HOLD)
-            if "cpuset" not in busy.worker.info.get("cgroups", []):
-                pytest.skip(f"no session cpusets here: {busy.worker.info.get('cgroups_missing')}")
-            container = getattr(busy.worker.transport, "container", None)
-            group = f"{container.id if container else ''}/{busy.worker.info['cgroup_name']}-u"
-            group += (await pool.call(busy, "who", {})).output
-            call = asyncio.create_task(pool.call(busy, "hold_leaving", {}, timeout_s=60))
-            while not ((during := (await pool.ping())[0])["pinned"].get(busy.id) and during["calm"]) \
-                    and not call.done():
-                await asyncio.sleep(0.01)
-            for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cpu_group(p).endswith(group)]:
-                os.kill(pid, signal.SIGUSR1)  # the child it left has it blocked as well
-            ended = await call
-            for _ in range(6000):  # until its processes are gone and its group removed (or the 2 s cap)
-                if not (after := (await pool.ping())[0])["calm"]:
-                    break
-                await asyncio.sleep(0.01)
-            for _ in range(100):  # a call that waits 1 ms for a CPU on a loaded machine is pinned itself
-                seen_after = (await pool.call(neighbour, "cores", {})).output.split()
-                if len(seen_after) == len(every):
-                    break
-            return ended.outcome, during["calm"], after, seen_after, sorted(os.sched_getaffinity(0))
 
-    outcome, calm, after, seen_after, mine_after = asyncio.run(scenario())
-    assert outcome == "limit"  # the process it left ended the session
-    assert len(calm) == len(every) - 1  # kept clear while its call ran
-    assert after["calm"] == [] and [int(core) for core in seen_after] == every and mine_after == every
+def _grouped(backend: str) -> SandboxConfig:
+    return SandboxConfig(backend=backend, pool_size=1, process_cpu_groups=True)  # type: ignore[arg-type]
+
+
+async def _busy_beside(pool, tool: str) -> tuple:
+    """Two HOLD sessions; the first's `tool` call sent and held open, once it is pinned with a core kept clear for it.
+    Returns (busy, neighbour, the busy session's CPU group as its processes' /proc/<pid>/cgroup ends, the call, the
+    worker's info then)."""
+    busy, neighbour = await pool.open(HOLD), await pool.open(HOLD)
+    if "cpuset" not in busy.worker.info.get("cgroups", []):
+        pytest.skip(f"no session cpusets here: {busy.worker.info.get('cgroups_missing')}")
+    container = getattr(busy.worker.transport, "container", None)
+    group = f"{container.id if container else ''}/{busy.worker.info['cgroup_name']}-u"
+    group += (await pool.call(busy, "who", {})).output
+    call = asyncio.create_task(pool.call(busy, tool, {}, timeout_s=60))
+    # pinned 1 ms after it was sent (or its 60 s limit: the asserts say so); `who` may have left it pinned already,
+    # if it waited 1 ms for a CPU, but then with no call in flight, so with no core kept clear
+    while not ((during := (await pool.ping())[0])["pinned"].get(busy.id) and during["calm"]) and not call.done():
+        await asyncio.sleep(0.01)
+    return busy, neighbour, group, call, during
+
+
+def _release(group: str) -> None:
+    """SIGUSR1 to every process of the session whose CPU group path ends with `group`: its held call returns."""
+    for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and _cpu_group(p).endswith(group)]:
+        os.kill(pid, signal.SIGUSR1)
+
+
+async def _cores_once_free(pool, session, every: list[int]) -> list[str]:
+    """`session`'s cores once every core is back; a call that waits 1 ms for a CPU on a loaded machine is pinned
+    itself, so ask until one answers sooner (never, if the session were left off a core)."""
+    for _ in range(100):
+        seen = (await pool.call(session, "cores", {})).output.split()
+        if len(seen) == len(every):
+            break
+    return seen
 
 
 def _cpu_group(pid: str) -> str:
