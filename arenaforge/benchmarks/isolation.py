@@ -10,7 +10,8 @@ Attacks: `memfd` (memory no address-space limit sees: twice `memory_mb` written 
 and they die with it), `busy_call` (the same processes while the call waits on them, until its time limit: what the
 neighbour's loop runs beside), `busy_thread` (a thread left spinning after its call returned), `fork_bomb` (a call
 that forks until its limit),
-`newlines` (a thread pouring bare newlines into its reply channel between calls), `files` (empty files until the
+`newlines` (a thread pouring bare newlines into its reply channel between calls), `junk_lines` (a call that writes
+short lines into its reply channel until the flood bound ends it), `files` (empty files until the
 scratch file cap), `memory` (an address-space blow-up). The neighbour's loop starts with the attack and is over in
 well under a second, while `busy_call` is still forking; an attack still running `settle_s` after it began is
 measured a second time then (`settled_p99_ms`). Goal (issue 35): 0 neighbour failures and p99 within 2x of
@@ -65,14 +66,16 @@ def fork_bomb():
     while True:
         os.fork()
 
-def newlines():
+def _channel():
     for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
         try:
             if "socket" in os.readlink(f"/proc/self/fd/{fd}"):
-                channel = socket.socket(fileno=os.dup(fd))
-                break
+                return socket.socket(fileno=os.dup(fd))
         except OSError:
             pass
+
+def newlines():
+    channel = _channel()
     def pour():
         try:
             for _ in range(20000):
@@ -81,6 +84,11 @@ def newlines():
             pass
     threading.Thread(target=pour, daemon=True).start()
     return "pouring"
+
+def junk_lines():
+    channel, junk = _channel(), b"x\n" * (1 << 15)
+    for _ in range(20000):
+        channel.sendall(junk)
 
 def files(n: int):
     made = 0
@@ -97,7 +105,7 @@ def memory():
     while True:
         chunks.append(bytearray(50 << 20))
 '''
-ATTACKS = ("memfd", "spinners", "busy_call", "busy_thread", "fork_bomb", "newlines", "files", "memory")
+ATTACKS = ("memfd", "spinners", "busy_call", "busy_thread", "fork_bomb", "newlines", "junk_lines", "files", "memory")
 ATTACK_TOOLS = ("ok", *ATTACKS)
 
 
@@ -195,7 +203,7 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
         backend: Sandbox backend: process or docker.
         calls: Trivial calls the neighbour makes, quiet and then under attack.
         attacks: Comma-separated attacks to run (memfd, spinners, busy_call, busy_thread, fork_bomb, newlines,
-            files, memory).
+            junk_lines, files, memory).
         session_cgroups: A cgroup per session (off: as before issue 35's groups).
         process_cpu_groups: Process backend: a CPU group per session too (`sandbox.process_cpu_groups`; off: as
             before it was on by default).

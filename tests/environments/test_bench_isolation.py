@@ -34,6 +34,7 @@ def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
     if "memory" in got["attacks"]["memfd"]["cgroups"]:
         assert got["attacks"]["memfd"]["attacker_call"].startswith("limit: the session process was killed for memory")
     assert got["attacks"]["files"]["attacker_call"].startswith("ok: stopped after")  # the file cap, not the machine
+    assert got["attacks"]["junk_lines"]["attacker_call"].startswith("limit: the session process flooded its reply")
     # measured again 2 s in: the attack that runs until its 5 s limit, never one whose call had returned
     settled = {attack: row["settled_p99_over_quiet"] for attack, row in got["attacks"].items()
                if row["settled_p99_ms"] is not None}
@@ -46,7 +47,7 @@ def test_an_unknown_attack_is_one_line() -> None:
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, "
-                                   "busy_thread, fork_bomb, newlines, files, memory")
+                                   "busy_thread, fork_bomb, newlines, junk_lines, files, memory")
 
 
 def test_an_unknown_sandbox_workload_is_one_line() -> None:

@@ -16,6 +16,7 @@ import selectors
 import signal
 import socket
 import sys
+import time
 
 from . import cgroups, execution, policy, zygote
 from .protocol import MAX_HEADER, Reader, encode
@@ -187,6 +188,7 @@ class Server(SessionServer):
                 # sessions held to fewer cores while (or since) a call ran long (`sessions._look_at_long_request`)
                 "pinned": {s.sid: s.pinned for s in self.sessions.values() if s.pinned},
                 "calm": self.calm,  # where the worker and its other sessions run meanwhile (`sessions._keep_calm`)
+                "cpu_s": time.process_time(),  # the worker's own: what reading its sessions' channels costs it
                 "setuid": bool(self.is_root and self.limits["uid_base"]), "python": sys.version.split()[0],
                 "group_throttled": cgroups.throttled(self.limits.get("cgroups") or {}), **self.info_extra}
 
