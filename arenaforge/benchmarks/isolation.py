@@ -107,6 +107,7 @@ def memory():
 '''
 ATTACKS = ("memfd", "spinners", "busy_call", "busy_thread", "fork_bomb", "newlines", "junk_lines", "files", "memory")
 ATTACK_TOOLS = ("ok", *ATTACKS)
+BACKGROUND = ("spinners", "busy_thread", "newlines")  # their call returns, and what it started stays
 
 
 def attacks_env() -> Environment:
@@ -143,7 +144,7 @@ async def _throttled(pool: Any) -> list[float] | None:
     return (await pool.ping())[0].get("group_throttled")
 
 
-async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> dict[str, Any]:
+async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float, during_call: bool) -> dict[str, Any]:
     pool = await create_pool(cfg)
     try:
         env = attacks_env()
@@ -152,7 +153,7 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> 
         throttled_before = await _throttled(pool)
         began = time.monotonic()
         attack_call = asyncio.ensure_future(pool.call(attacker, attack, _args(attack, cfg)))
-        if attack in ("spinners", "busy_thread", "newlines"):  # background attacks: the call returns, they stay
+        if attack in BACKGROUND and not during_call:  # the loop runs beside what the call left behind
             await asyncio.wait({attack_call})
         busy, failures = await _neighbour_loop(pool, neighbour, calls)
         throttled_after = await _throttled(pool)
@@ -180,7 +181,7 @@ async def _one(cfg: SandboxConfig, attack: str, calls: int, settle_s: float) -> 
         "neighbour_failures": len(failures), "first_failure": failures[0][:200] if failures else None,
         "quiet_p50_ms": _pct(quiet, 0.5), "quiet_p99_ms": _pct(quiet, 0.99),
         "p50_ms": _pct(busy, 0.5), "p99_ms": _pct(busy, 0.99),
-        "p99_over_quiet": round(_pct(busy, 0.99) / max(_pct(quiet, 0.99), 1e-3), 2),
+        "p99_over_quiet": round(_pct(busy, 0.99) / max(_pct(quiet, 0.99), 1e-3), 2), "slowest_ms": _pct(busy, 1.0),
         "settled_p99_ms": _pct(settled, 0.99) if settled else None,
         "settled_p99_over_quiet": round(_pct(settled, 0.99) / max(_pct(quiet, 0.99), 1e-3), 2) if settled else None,
         "attacker_call": outcome, "attacker_next_call": after, "cgroups": info.get("cgroups", []),
@@ -196,7 +197,8 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
                session_cgroups: bool = True, process_cpu_groups: bool = True,
                docker_socket_channel: bool = True, settle_s: float = 2.0,
                busy_session_cores: int = 1, cpus: float = SandboxConfig().cpus,
-               session_cpu_share: float = SandboxConfig().session_cpu_share) -> dict[str, Any]:
+               session_cpu_share: float = SandboxConfig().session_cpu_share,
+               during_call: bool = False) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:
@@ -215,6 +217,8 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
             twice as many sessions as cores, as here (`sandbox.busy_session_cores`; 0: all, as before).
         cpus: Docker: CPUs of the worker's container (`sandbox.cpus`).
         session_cpu_share: Docker: the share of the container's CPUs one session may use (`sandbox.session_cpu_share`).
+        during_call: Start the neighbour's loop with a background attack's call (spinners, busy_thread, newlines)
+            rather than once it returns, so that it also runs beside what that call does before returning.
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     unknown = sorted(set(chosen) - set(ATTACKS))
@@ -223,11 +227,12 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
     cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups,
                         process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel,
                         busy_session_cores=busy_session_cores, cpus=cpus, session_cpu_share=session_cpu_share)
-    results = {attack: await _one(cfg, attack, calls, settle_s) for attack in chosen}
+    results = {attack: await _one(cfg, attack, calls, settle_s, during_call) for attack in chosen}
     return {
         "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
         "process_cpu_groups": process_cpu_groups, "docker_socket_channel": docker_socket_channel,
         "busy_session_cores": busy_session_cores, "cpus": cpus, "session_cpu_share": session_cpu_share,
+        "during_call": during_call,
         "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
         "attacks": results,
         "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),

@@ -42,6 +42,23 @@ def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
     assert got["worst_settled_p99_over_quiet"] == max(settled.values()) > 0
 
 
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_neighbour_may_run_beside_a_flooding_call_too(backend: str) -> None:
+    """`--during-call`: the loop starts with the newline flood's own call, not once it returned; a flood the worker
+    had to parse line by line held the neighbour there (junk lines: its p99 450-1,250x quiet)."""
+    if backend == "docker":
+        require_docker()
+    result = CliRunner().invoke(app, ["bench", "isolation", "--backend", backend, "--calls", "20", "--during-call",
+                                      "--attacks", "newlines,junk_lines", "--settle-s", "0"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.stdout)
+    assert got["during_call"] is True and got["total_neighbour_failures"] == 0, got
+    for attack, row in got["attacks"].items():
+        assert row["slowest_ms"] >= row["p99_ms"] > 0, (attack, row)
+        assert row["attacker_call"].startswith(("ok: pouring", "limit: the session process flooded",  # or, where the
+                                                "timeout: the call exceeded")), (attack, row)  # flood beat its reply
+
+
 def test_an_unknown_attack_is_one_line() -> None:
     done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "isolation", "--attacks", "rowhammer"],
                           capture_output=True, text=True, check=False)
