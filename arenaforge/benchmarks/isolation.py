@@ -16,6 +16,10 @@ scratch file cap), `memory` (an address-space blow-up). The neighbour's loop sta
 well under a second, while `busy_call` is still forking; an attack still running `settle_s` after it began is
 measured a second time then (`settled_p99_ms`). Goal (issue 35): 0 neighbour failures and p99 within 2x of
 quiet for every attack, on both backends; the attacker ends as `limit`, `error` or `timeout`, charged to its tool.
+
+The yardstick has noise of its own: `control` is the same measurement with the attacker making one trivial call,
+`control_runs` times, interleaved with the attacks, so that a run over 2x can be set beside how often the same loop
+goes over 2x with nothing beside it, measured in the same sitting.
 """
 
 from __future__ import annotations
@@ -198,7 +202,7 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
                docker_socket_channel: bool = True, settle_s: float = 2.0,
                busy_session_cores: int = 1, cpus: float = SandboxConfig().cpus,
                session_cpu_share: float = SandboxConfig().session_cpu_share,
-               during_call: bool = False) -> dict[str, Any]:
+               during_call: bool = False, control_runs: int = 1) -> dict[str, Any]:
     """Each attack beside a neighbour's call loop, on a fresh one-worker pool.
 
     Args:
@@ -219,6 +223,8 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
         session_cpu_share: Docker: the share of the container's CPUs one session may use (`sandbox.session_cpu_share`).
         during_call: Start the neighbour's loop with a background attack's call (spinners, busy_thread, newlines)
             rather than once it returns, so that it also runs beside what that call does before returning.
+        control_runs: Runs of the same loop beside one trivial call instead of an attack (the yardstick's own noise),
+            interleaved with the attacks; 0: none.
     """
     chosen = [a.strip() for a in attacks.split(",") if a.strip()]
     unknown = sorted(set(chosen) - set(ATTACKS))
@@ -227,7 +233,17 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
     cfg = SandboxConfig(backend=backend, pool_size=1, session_cgroups=session_cgroups,
                         process_cpu_groups=process_cpu_groups, docker_socket_channel=docker_socket_channel,
                         busy_session_cores=busy_session_cores, cpus=cpus, session_cpu_share=session_cpu_share)
-    results = {attack: await _one(cfg, attack, calls, settle_s, during_call) for attack in chosen}
+    if control_runs < 0:
+        raise InputError(f"--control-runs must be 0 or more, not {control_runs}")
+    results: dict[str, Any] = {}
+    controls: list[dict[str, Any]] = []
+    for i in range(max(len(chosen), control_runs)):  # a control run after each attack, while both last
+        if i < len(chosen):
+            results[chosen[i]] = await _one(cfg, chosen[i], calls, settle_s, during_call)
+        if i < control_runs:
+            controls.append(await _one(cfg, "ok", calls, 0.0, during_call))
+    attacked = [r["p99_over_quiet"] for r in results.values()]
+    control_ratios = [r["p99_over_quiet"] for r in controls]
     return {
         "backend": backend, "calls": calls, "session_cgroups": session_cgroups,
         "process_cpu_groups": process_cpu_groups, "docker_socket_channel": docker_socket_channel,
@@ -235,7 +251,12 @@ async def main(backend: str = "docker", calls: int = 500, attacks: str = ",".joi
         "during_call": during_call,
         "memory_mb": cfg.memory_mb, "pids": cfg.pids, "call_timeout_s": cfg.call_timeout_s,
         "attacks": results,
-        "total_neighbour_failures": sum(r["neighbour_failures"] for r in results.values()),
+        "attacks_over_2x": sum(x > 2 for x in attacked),
+        # the same loop beside one trivial call: how often the yardstick alone reads over 2x
+        "control": {"runs": len(controls), "p99_over_quiet": control_ratios,
+                    "over_2x": sum(x > 2 for x in control_ratios), "worst": max(control_ratios, default=None),
+                    "neighbour_failures": sum(r["neighbour_failures"] for r in controls)},
+        "total_neighbour_failures": sum(r["neighbour_failures"] for r in [*results.values(), *controls]),
         "worst_p99_over_quiet": max((r["p99_over_quiet"] for r in results.values()), default=None),
         "worst_settled_p99_over_quiet": max((r["settled_p99_over_quiet"] for r in results.values()
                                              if r["settled_p99_over_quiet"] is not None), default=None),

@@ -19,10 +19,15 @@ def test_each_attack_costs_the_neighbour_no_call(backend: str) -> None:
     if backend == "docker":
         require_docker()
     result = CliRunner().invoke(app, ["bench", "isolation", "--backend", backend, "--calls", "20",
-                                      "--attacks", ",".join(ATTACKS)])
+                                      "--attacks", ",".join(ATTACKS), "--control-runs", "2"])
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
     assert set(got["attacks"]) == set(ATTACKS)
+    # the yardstick's own noise, measured beside a trivial call in the same sitting
+    control = got["control"]
+    assert control["runs"] == len(control["p99_over_quiet"]) == 2 and control["neighbour_failures"] == 0, control
+    assert control["over_2x"] == sum(x > 2 for x in control["p99_over_quiet"]) and control["worst"] > 0, control
+    assert got["attacks_over_2x"] == sum(r["p99_over_quiet"] > 2 for r in got["attacks"].values())
     assert got["total_neighbour_failures"] == 0, {a: r["first_failure"] for a, r in got["attacks"].items()}
     for attack, row in got["attacks"].items():
         assert row["p99_ms"] > 0 and row["quiet_p99_ms"] > 0, attack
@@ -65,6 +70,13 @@ def test_an_unknown_attack_is_one_line() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.strip() == ("error: unknown attack(s) rowhammer; choose from memfd, spinners, busy_call, "
                                    "busy_thread, fork_bomb, newlines, junk_lines, files, memory")
+
+
+def test_a_negative_control_count_is_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "arenaforge.flows.cli", "bench", "isolation", "--control-runs", "-1"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "error: --control-runs must be 0 or more, not -1"
 
 
 def test_an_unknown_sandbox_workload_is_one_line() -> None:
