@@ -176,10 +176,24 @@ def exit_later(code: int):
         os._exit(code)
     threading.Thread(target=later, daemon=True).start()
     return os.getpid()
+
+def pour_then_exit(n: int, code: int):
+    """A thread writes `n` bytes of bare newlines into the channel between calls, then ends the process."""
+    import threading
+    channel = _channel()
+    def later():
+        try:
+            for _ in range(n // (1 << 14)):
+                channel.sendall(b"\n" * (1 << 14))
+        except OSError:
+            pass
+        os._exit(code)
+    threading.Thread(target=later, daemon=True).start()
+    return "pouring"
 '''
 PROBES += ATTACKS_CODE  # the attacks `bench isolation` runs: memfd, spinners, fork_bomb, newlines, files, memory
 TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
-         "touch_many", "mqueue", "cores_after", "leave_behind", "fork_later", "exit_later", "burn", *ATTACK_TOOLS)
+         "touch_many", "mqueue", "cores_after", "leave_behind", "fork_later", "exit_later", "pour_then_exit", "burn", *ATTACK_TOOLS)
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
@@ -461,6 +475,29 @@ def test_a_session_that_ends_itself_between_calls_is_the_tools_limit(small: Pool
     assert armed.outcome == "ok"
     assert after.outcome == "limit" and after.error.startswith("the session process exited with code 3 between calls")
     assert again.outcome == "ok"
+
+
+def test_a_session_writing_into_its_channel_between_calls_is_stopped_at_64_kb(small: PoolHandle) -> None:
+    """Between calls nothing a session writes into its channel is honest. A thread left pouring was read up to the
+    bound for a call in flight (2.3 MB), and its neighbours' calls waited 2-8 ms beside it (issue 35); it is stopped
+    at 64 KB now. 1.5 MB of newlines then an exit: stopped before the exit (at the old bound it ended itself)."""
+    needs_cgroups(small, "pids")  # its own uid, so the host can see when its process is gone
+    pool = small.pool
+
+    async def scenario() -> tuple[ToolObservation, ToolObservation, ToolObservation]:
+        session = await pool.open(probes_env())
+        uid = json.loads((await pool.call(session, "whoami", {})).output)["uid"]
+        armed = await pool.call(session, "pour_then_exit", {"n": 3 << 19, "code": 3})
+        await _gone(uid)  # stopped, or ended, between calls
+        after, again = await pool.call(session, "whoami", {}), await pool.call(session, "whoami", {})
+        await pool.close(session)
+        return armed, after, again
+
+    armed, after, again = small.run(scenario())
+    assert (armed.outcome, armed.output) == ("ok", "pouring"), armed
+    assert after.outcome == "limit", after
+    assert after.error.startswith("the session process flooded its reply channel between calls"), after.error
+    assert again.outcome == "ok", again
 
 
 CAPPED = Environment(name="capped", tools=[FunctionDoc(name="share", description="CPU its busy processes got.")],

@@ -223,7 +223,10 @@ class SessionServer:
             start = end + 1
             msg = session_reply(lines[begin:end], sess.nonce, limit)
             if msg is not None:
+                req = sess.pending
                 self._answered(sess, msg)  # a next request may be in flight now, with a nonce of its own
+                if sess.pending is not req:  # answered: what came before it was the call's, within its bound
+                    sess.stray = 0
             else:
                 sess.stray += end + 1 - begin
         if sess.sock is not sock:  # killed, or killed and forked afresh: the rest was the old process's
@@ -245,8 +248,10 @@ class SessionServer:
 
     @staticmethod
     def _flooded(sess: Session, limit: int) -> bool:
-        """An honest reply is bounded by the output limit and is the only line: past this, tool code is writing."""
-        bound = 20 * limit + (1 << 20)
+        """An honest reply is bounded by the output limit and is the only line: past this, tool code is writing.
+        Between calls nothing is honest, and a thread left pouring is stopped at `IDLE_STRAY_BYTES`: at the bound
+        for a call (2.3 MB) it had taken the worker's reads, and its neighbours' calls waited 2-8 ms beside it."""
+        bound = 20 * limit + (1 << 20) if sess.pending is not None else IDLE_STRAY_BYTES
         return len(sess.rbuf) > bound or sess.stray > bound
 
     def _isolated(self, sess: Session, line: bytes) -> None:
@@ -556,6 +561,9 @@ class SessionServer:
                 shutil.rmtree(fallback_scratch, ignore_errors=True)
         if pinned:
             self._keep_calm()  # no claim on a core is left behind
+
+
+IDLE_STRAY_BYTES = 1 << 16  # what a session may write into its channel between calls before it is stopped
 
 
 def _processes(n: int) -> str:
