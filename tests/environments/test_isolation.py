@@ -193,7 +193,8 @@ def pour_then_exit(n: int, code: int):
 '''
 PROBES += ATTACKS_CODE  # the attacks `bench isolation` runs: memfd, spinners, fork_bomb, newlines, files, memory
 TOOLS = ("listdir", "write", "read", "mkdir", "fill", "remove", "whoami", "shm", "attempts", "signal_pid", "pids",
-         "touch_many", "mqueue", "cores_after", "leave_behind", "fork_later", "exit_later", "pour_then_exit", "burn", *ATTACK_TOOLS)
+         "touch_many", "mqueue", "cores_after", "leave_behind", "fork_later", "exit_later", "pour_then_exit", "burn",
+         *ATTACK_TOOLS)
 
 
 def probes_env(provenance: Provenance | None = None) -> Environment:
