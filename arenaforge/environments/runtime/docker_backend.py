@@ -236,8 +236,9 @@ class DockerLauncher:
                if self.flow_group else {}),
             cap_drop=["ALL"],
             # SETUID/SETGID: to drop each session to its own uid; SYS_ADMIN: to give each session private mounts,
-            # IPC and network; sessions themselves hold no capability and a seccomp filter refuses those syscalls
-            cap_add=["SETUID", "SETGID", "SYS_ADMIN"],
+            # IPC and network; KILL: to end a session's processes itself (`cgroups.kill`); sessions themselves hold
+            # no capability and a seccomp filter refuses those syscalls
+            cap_add=["SETUID", "SETGID", "SYS_ADMIN", "KILL"],
             security_opt=["no-new-privileges"],
             auto_remove=True,
             ipc_mode="private",

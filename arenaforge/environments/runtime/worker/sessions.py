@@ -30,6 +30,7 @@ PIN_AFTER_S = 0.001
 DEATH_GRACE_S = 1.0  # how long a closed channel waits for the exit status that says why
 STRAY_SWEEP_S = 0.2  # how often idle sessions are checked for processes, or CPU use, between calls
 DYING_CALM_S = 2.0  # the longest a killed session's core is kept clear while its processes die (`_kill`)
+REMOVE_EVERY_S = 0.005  # how often a killed session's groups are tried for removal while its processes die
 IDLE_CPU_S = 0.5  # CPU a session may use between two calls; past it (a busy thread left running), its `limit`. Not
 # less: BLAS worker threads spin up to ~0.1 s each after their last job
 
@@ -72,6 +73,9 @@ class SessionServer:
         self.spawning: dict[int, Session] = {}  # spawn serial -> session, until the zygote says which pid
         self.by_pid: dict[int, Session] = {}
         self.helpers: dict[int, int] = {}  # kill-helper pid -> the uid it sweeps (reserved until it is done)
+        self.helpers_forked = 0  # kill helpers forked so far (sessions with a pids group need none: `cgroups.kill`)
+        self.groups_to_remove: set[int] = set()  # uids whose processes are gone or dying, their cgroups not yet
+        self.next_removal = 0.0  # when to try removing those groups again (`Server._remove_groups`)
         self.uids_used: set[int] = set()
         self.is_root = os.geteuid() == 0
         self.deadlines: list[tuple] = []
@@ -318,6 +322,9 @@ class SessionServer:
                 del self.dying_cores[uid]
         if self.calm:
             self._keep_calm()  # sessions started since the last change (they start on every core), or dying ones gone
+        bases = self.limits.get("cgroups") or {}
+        for uid in self.groups_to_remove:  # killed, and still there: a process the kill could not find is ended now
+            cgroups.kill(bases, uid)
         for sess in list(self.sessions.values()):
             if sess.pending is not None or not sess.isolated or sess.sock is None:
                 continue
@@ -514,6 +521,8 @@ class SessionServer:
             heapq.heappop(self.yields)
         if self.yields:
             wake = min(wake, self.yields[0][0])
+        if self.groups_to_remove:
+            wake = min(wake, self.next_removal)
         return max(0.0, min(wake - time.monotonic(), 1.0))  # at least once a second, and for each sweep
 
     def _expire(self) -> None:
@@ -552,8 +561,11 @@ class SessionServer:
         if sess.uid:
             if pinned:
                 self.dying_cores[sess.uid] = (pinned, time.monotonic() + DYING_CALM_S)
-            helper = policy.kill_uid(sess.uid, fallback_scratch, self.limits.get("cgroups"))
-            self.helpers[helper] = sess.uid  # the uid is free once it finished
+            bases = self.limits.get("cgroups") or {}
+            if not fallback_scratch and cgroups.kill(bases, sess.uid):
+                self.groups_to_remove.add(sess.uid)  # the uid is free once its group is gone (`_remove_groups`)
+            else:  # no group lists its processes, or its scratch is removed as its own
+                self._kill_helper(sess.uid, fallback_scratch)
             sess.uid = 0
         elif pid:
             policy.kill_group(pid)
@@ -561,6 +573,12 @@ class SessionServer:
                 shutil.rmtree(fallback_scratch, ignore_errors=True)
         if pinned:
             self._keep_calm()  # no claim on a core is left behind
+
+    def _kill_helper(self, uid: int, scratch: str | None) -> None:
+        """Fork a helper that kills every process of `uid` as that uid (`policy.kill_uid`); the uid is free once the
+        helper is done and its groups are gone."""
+        self.helpers[policy.kill_uid(uid, scratch, self.limits.get("cgroups"))] = uid
+        self.helpers_forked += 1
 
     def _forget_channel(self, sess: Session) -> None:
         if sess.sock is not None:
