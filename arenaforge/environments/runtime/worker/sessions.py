@@ -562,9 +562,10 @@ class SessionServer:
             if pinned:
                 self.dying_cores[sess.uid] = (pinned, time.monotonic() + DYING_CALM_S)
             bases = self.limits.get("cgroups") or {}
-            if not fallback_scratch and cgroups.kill(bases, sess.uid):
+            if pid and not fallback_scratch and cgroups.kill(bases, sess.uid):
+                policy.kill_group(pid)  # just forked, it may not be in its group yet: its own process, by pid
                 self.groups_to_remove.add(sess.uid)  # the uid is free once its group is gone (`_remove_groups`)
-            else:  # no group lists its processes, or its scratch is removed as its own
+            else:  # no pid yet, no group that lists its processes, or its scratch is removed as its own
                 self._kill_helper(sess.uid, fallback_scratch)
             sess.uid = 0
         elif pid:
