@@ -268,17 +268,12 @@ def strays(bases: dict[str, str], uid: int, pid: int) -> int:
     if not base or not uid:
         return 0
     try:
-        fd = os.open(os.path.join(base, f"u{uid}", "cgroup.procs"), os.O_RDONLY)
-        try:
-            listed = os.read(fd, 1 << 16)
-        finally:
-            os.close(fd)
-    except OSError:
+        listed = _listed(os.path.join(base, f"u{uid}", "cgroup.procs"))  # a set: v1 may list a process twice
+    except (OSError, ValueError):
         return 0
-    listed_once = set(listed.split())  # v1 may list a process twice
     if not pid:  # its ready message came before the zygote said which pid it is; it is in its group by then
-        return max(0, len(listed_once) - 1)
-    return len(listed_once - {str(pid).encode()})
+        return max(0, len(listed) - 1)
+    return len(listed - {pid})
 
 
 def kill(bases: dict[str, str], uid: int) -> bool:
